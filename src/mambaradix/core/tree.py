@@ -1,0 +1,563 @@
+"""The hybrid radix tree: KV indices on edges, recurrent-state slots on nodes.
+
+    root
+     └── [sys prompt, 512 tok]  state=7          <- state: the SSM state after these tokens
+          ├── [turn A, 40 tok]  state=None       <- tombstone: KV kept, state evicted
+          │    └── [answer, 90 tok] state=3      <- a leaf always holds a state
+          └── [turn B, 55 tok]  state=9
+
+A prefix is reusable only up to the deepest matched node that holds a state
+(the match is "cut back" there). Two resources, two LRU lists, two lock counts:
+a KV lock covers the node and every ancestor, a state lock covers only the
+node. KV eviction deletes unlocked leaves (and tombstones left childless);
+state eviction tombstones internal nodes and deletes leaves.
+
+The tree never frees memory: every operation returns the KV indices and state
+slots the caller must free. Two behaviours share this code:
+
+* `compat=None` (default): read-only matching (never splits), page-aligned
+  match keys, refresh of only the state a match uses (SGLang #31643), lock
+  receipts that record what was locked (#27147).
+* `compat="sglang"`: the decisions of SGLang 0.5.15.post1's MambaRadixCache,
+  including split-on-match and refreshing the whole matched path in both lists.
+"""
+
+from __future__ import annotations
+
+import operator
+from array import array
+from collections.abc import Hashable
+from typing import Any
+
+from mambaradix.core.keys import EMPTY, as_int_array, common_prefix_len
+from mambaradix.core.lru import LRUList
+from mambaradix.core.node import Resource, TreeNode
+from mambaradix.core.results import EvictResult, InsertResult, MatchResult
+
+KV, STATE = Resource.KV, Resource.STATE
+COMPAT_MODES = (None, "sglang")
+
+
+class LockReceipt:
+    """What `inc_lock_ref` locked; hand it back to `dec_lock_ref` exactly once."""
+
+    __slots__ = ("node", "state_locked", "active")
+
+    def __init__(self, node: TreeNode, state_locked: bool) -> None:
+        self.node = node
+        self.state_locked = state_locked
+        self.active = True
+
+    def __repr__(self) -> str:
+        return f"LockReceipt(node={self.node.id}, state_locked={self.state_locked}, active={self.active})"
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _count(value: Any, name: str) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if n < 0:
+        raise ValueError(f"{name} must be >= 0, got {n}")
+    return n
+
+
+class MambaRadixCache:
+    """Radix tree over token ids for hybrid (attention + recurrent) models.
+
+    page_size: tokens per KV page; keys are matched and stored in whole pages.
+    chunk_size: the checkpoint grid used for `branching_len` (a multiple of page_size).
+    compat: None for the fixed behaviour, "sglang" to reproduce SGLang 0.5.15.post1.
+    """
+
+    def __init__(self, page_size: int = 1, chunk_size: int = 64, compat: str | None = None) -> None:
+        self.page_size = _positive_int(page_size, "page_size")
+        self.chunk_size = _positive_int(chunk_size, "chunk_size")
+        if chunk_size % page_size:
+            raise ValueError(f"chunk_size ({chunk_size}) must be a multiple of page_size ({page_size})")
+        if compat not in COMPAT_MODES:
+            raise ValueError(f"compat must be one of {COMPAT_MODES}, got {compat!r}")
+        self.compat = compat
+        self._sglang = compat == "sglang"
+        self._init_tree()
+
+    # ------------------------------------------------------------------ setup
+
+    def _init_tree(self) -> None:
+        self.root = TreeNode(None)
+        # The root is permanently locked for both resources and never listed.
+        self.root.kv.lock = self.root.st.lock = 1
+        self.lru = (LRUList(), LRUList())
+        self._evictable = [0, 0]  # indexed by Resource: KV tokens, states
+        self._protected = [0, 0]
+
+    def reset(self) -> EvictResult:
+        """Empty the tree and return everything it owned (the caller frees it).
+
+        Raises RuntimeError while any lock is held (receipts would dangle)."""
+        if self._protected[KV] or self._protected[STATE]:
+            raise RuntimeError("reset() while locks are held; release every lock first")
+        freed_kv, freed_states = array("q"), []
+        for node in self._nodes():
+            freed_kv += node.value
+            if node.state is not None:
+                freed_states.append(node.state)
+        self._init_tree()
+        return EvictResult(0, 0, freed_kv, freed_states)
+
+    # ------------------------------------------------------------- key helpers
+
+    def _check_namespace(self, extra_key: Any) -> None:
+        if extra_key is not None and not isinstance(extra_key, Hashable):
+            raise TypeError(f"extra_key must be hashable, got {type(extra_key).__name__}")
+
+    def _child_key(self, node: TreeNode, tokens: array[int], off: int, extra_key: Any) -> Any:
+        """Key of `node.children` for the edge starting at tokens[off]. Namespaces
+        only split the root's children: below it every node shares one namespace."""
+        page = self.page_size
+        plain = tokens[off] if page == 1 else tuple(tokens[off : off + page])
+        if extra_key is not None and node is self.root:
+            return (extra_key, plain)
+        return plain
+
+    def _match_len(self, edge: array[int], tokens: array[int], off: int) -> int:
+        m = common_prefix_len(edge, tokens, off)
+        return m - m % self.page_size
+
+    # ------------------------------------------------------------------- match
+
+    def match_prefix(self, key: Any, extra_key: Any = None) -> MatchResult:
+        """Longest cached prefix of `key` that ends at a state.
+
+        Mutates only LRU order (and, with compat="sglang", splits a partially
+        matched edge, as SGLang does). The returned indices stay valid while
+        `node` is locked.
+        """
+        tokens = as_int_array(key, "key")
+        self._check_namespace(extra_key)
+        n = len(tokens)
+        if not self._sglang:
+            n -= n % self.page_size  # whole pages only: never an empty split (#28692)
+        if n == 0:
+            return MatchResult(0, array("q"), self.root, None, 0)
+        best, best_len, hit_len = self._walk(tokens, n, extra_key)
+        self._refresh_after_match(best)
+        branching = None
+        if hit_len > best_len:
+            aligned = hit_len - hit_len % self.chunk_size
+            branching = aligned if aligned > 0 else None
+        return MatchResult(best_len, self._path_values(best), best, branching, hit_len)
+
+    def _walk(self, tokens: array[int], n: int, extra_key: Any) -> tuple[TreeNode, int, int]:
+        """Descend along tokens[:n]; return (deepest node with a state, its
+        depth in tokens, all matched tokens)."""
+        node, off = self.root, 0
+        best, best_len = node, 0
+        children = node.children
+        while off < n:
+            child = children.get(self._child_key(node, tokens, off, extra_key))
+            if child is None:
+                break
+            edge = child.key
+            ln = len(edge)
+            if off + ln <= n and tokens[off : off + ln] == edge:
+                m = ln
+            else:
+                m = self._match_len(edge, tokens[:n], off)
+            off += m
+            if m < ln:
+                if self._sglang:
+                    self._split(child, m)  # upstream splits on lookup; the new node has no state
+                break
+            node, children = child, child.children
+            if node.state is not None:
+                best, best_len = node, off
+        return best, best_len, off
+
+    def _refresh_after_match(self, best: TreeNode) -> None:
+        if best is self.root:
+            return
+        self._refresh_path(best, KV)
+        if self._sglang:
+            self._refresh_path(best, STATE)  # 0.5.15: every state on the path
+        else:
+            self.lru[STATE].move_mru(best.st)  # only the state actually used (#31643)
+
+    def _refresh_path(self, node: TreeNode, res: Resource) -> None:
+        """Make node and its ancestors MRU, ancestors older than descendants."""
+        path = []
+        while node.parent is not None:
+            if res == KV or node.state is not None:
+                path.append(node)
+            node = node.parent
+        lru = self.lru[res]
+        for n in reversed(path):
+            lru.move_mru(n.kv if res == KV else n.st)
+
+    def _path_values(self, node: TreeNode) -> array[int]:
+        parts = []
+        while node.parent is not None:
+            parts.append(node.value)
+            node = node.parent
+        out = array("q")
+        for part in reversed(parts):
+            out += part
+        return out
+
+    # ------------------------------------------------------------------ insert
+
+    def insert(
+        self,
+        key: Any,
+        kv_indices: Any,
+        state: Any,
+        prev_prefix_len: int = 0,
+        extra_key: Any = None,
+    ) -> InsertResult:
+        """Cache `key` with its KV indices and the state after its last token.
+
+        The tree takes the indices it stores and hands back, in `freed_kv`, the
+        caller's duplicates in [prev_prefix_len, prefix_len) (positions below
+        prev_prefix_len are already tree-owned). If `state_existed`, the caller
+        keeps `state`; otherwise the tree owns it.
+        """
+        tokens = as_int_array(key, "key")
+        values = as_int_array(kv_indices, "kv_indices")
+        self._check_insert_args(tokens, values, state, prev_prefix_len, extra_key)
+        if len(tokens) == 0:
+            return InsertResult(0, True, array("q"))
+        return self._insert(tokens, values, operator.index(state), prev_prefix_len, extra_key)
+
+    def _check_insert_args(
+        self, tokens: array[int], values: array[int], state: Any, prev: Any, extra_key: Any
+    ) -> None:
+        if len(values) != len(tokens):
+            raise ValueError(f"kv_indices has {len(values)} entries for a key of {len(tokens)} tokens")
+        if state is None:
+            raise ValueError("state is required: the slot holding the state after the key's last token")
+        if isinstance(state, bool) or not hasattr(state, "__index__"):
+            raise TypeError(f"state must be an int slot id, got {type(state).__name__}")
+        if operator.index(state) < 0:
+            raise ValueError(f"state must be a slot id >= 0, got {state}")
+        if isinstance(prev, bool) or not isinstance(prev, int):
+            raise TypeError(f"prev_prefix_len must be an int, got {type(prev).__name__}")
+        if not 0 <= prev <= len(tokens):
+            raise ValueError(f"prev_prefix_len={prev} outside [0, {len(tokens)}]")
+        if not self._sglang and len(tokens) % self.page_size:
+            raise ValueError(
+                f"key length {len(tokens)} is not a multiple of page_size {self.page_size}: "
+                "a state belongs to the key's exact end, so the key cannot be cut to whole pages"
+            )
+        self._check_namespace(extra_key)
+
+    def _insert(
+        self, tokens: array[int], values: array[int], state: int, prev: int, extra_key: Any
+    ) -> InsertResult:
+        node, off, n = self.root, 0, len(tokens)
+        freed = array("q")
+        kv_lru, st_lru = self.lru
+        while off < n:
+            ck = self._child_key(node, tokens, off, extra_key)
+            child = node.children.get(ck)
+            if child is None:
+                break
+            node = child
+            kv_lru.move_mru(node.kv)
+            if self._sglang and node.state is not None:
+                st_lru.move_mru(node.st)
+            m = self._match_len(node.key, tokens, off)
+            if prev < off + m:  # the caller's copy of KV the tree already has
+                freed += values[max(prev, off) : off + m]
+            off += m
+            if m < len(node.key):
+                node = self._split(node, m)
+        if off < n:
+            self._add_leaf(node, tokens, values, off, state, extra_key)
+            return InsertResult(off, False, freed)
+        kv_lru.move_mru(node.kv)
+        if node.state is None:  # a tombstone at the key's end: revive it
+            node.state = state
+            st_lru.push_mru(node.st)
+            self._evictable[STATE] += 1
+            return InsertResult(off, False, freed)
+        if self._sglang:
+            st_lru.move_mru(node.st)
+        return InsertResult(off, True, freed)
+
+    def _add_leaf(
+        self, parent: TreeNode, tokens: array[int], values: array[int], off: int, state: int, extra_key: Any
+    ) -> None:
+        ns = extra_key if parent is self.root else parent.namespace
+        leaf = TreeNode(parent, tokens[off:], values[off:], state, ns)
+        parent.children[self._child_key(parent, tokens, off, extra_key)] = leaf
+        self.lru[KV].push_mru(leaf.kv)
+        self.lru[STATE].push_mru(leaf.st)
+        self._evictable[KV] += len(leaf.value)
+        self._evictable[STATE] += 1
+
+    def _split(self, child: TreeNode, at: int) -> TreeNode:
+        """Cut child's edge at `at` (0 < at < len): a new stateless node takes
+        the first part and inherits child's KV lock (the same path stays locked)."""
+        if not 0 < at < len(child.key):
+            raise AssertionError(f"split at {at} of a {len(child.key)}-token edge")
+        parent = child.parent
+        assert parent is not None
+        mid = TreeNode(parent, child.key[:at], child.value[:at], None, child.namespace)
+        mid.kv.lock = child.kv.lock
+        slot = self._child_key(parent, child.key, 0, child.namespace)
+        child.key, child.value = child.key[at:], child.value[at:]
+        child.parent = mid
+        mid.children[self._child_key(mid, child.key, 0, None)] = child
+        parent.children[slot] = mid
+        kv_lru = self.lru[KV]
+        kv_lru.remove(child.kv)
+        kv_lru.push_mru(mid.kv)
+        kv_lru.push_mru(child.kv)  # the child stays newer than its new parent
+        if self._sglang and child.state is not None:
+            self.lru[STATE].move_mru(child.st)
+        return mid
+
+    # ------------------------------------------------------------------- evict
+
+    def evict(self, kv_tokens: int = 0, states: int = 0) -> EvictResult:
+        """Free at least `kv_tokens` KV tokens (whole unlocked leaves, LRU first),
+        then at least `states` states (any unlocked state, LRU first), or as
+        much as is evictable. Returns what the caller must free."""
+        want_kv = _count(kv_tokens, "kv_tokens")
+        want_states = _count(states, "states")
+        freed_kv: array[int] = array("q")
+        freed_states: list[int] = []
+        got_kv = self._evict_kv(want_kv, freed_kv, freed_states) if want_kv else 0
+        got_states = self._evict_states(want_states, freed_kv, freed_states) if want_states else 0
+        return EvictResult(got_kv, got_states, freed_kv, freed_states)
+
+    def _evict_kv(self, want: int, freed_kv: array[int], freed_states: list[int]) -> int:
+        lru = self.lru[KV]
+        got = 0
+        x = lru.lru_unlocked_leaf()
+        while got < want and x is not None:
+            nxt = lru.lru_unlocked_leaf(x)
+            node = x.node
+            assert node is not None
+            tokens, survivor = self._delete_leaf(node, freed_kv, freed_states)
+            got += tokens
+            if not survivor.children:
+                nxt = lru.lru_unlocked_leaf()  # a new leaf may be older than nxt: restart
+            x = nxt
+        return got
+
+    def _evict_states(self, want: int, freed_kv: array[int], freed_states: list[int]) -> int:
+        lru = self.lru[STATE]
+        got = 0
+        x = lru.lru_unlocked()
+        while got < want and x is not None:
+            nxt = lru.lru_unlocked(x)
+            node = x.node
+            assert node is not None and node.state is not None
+            if node.children:
+                freed_states.append(node.state)
+                lru.remove(node.st)
+                node.state = None  # internal node -> tombstone, KV stays
+                self._evictable[STATE] -= 1
+            else:
+                self._delete_leaf(node, freed_kv, freed_states)
+            got += 1
+            x = nxt
+        return got
+
+    def _delete_leaf(
+        self, leaf: TreeNode, freed_kv: array[int], freed_states: list[int]
+    ) -> tuple[int, TreeNode]:
+        """Delete an unlocked leaf (KV + state), then every tombstone ancestor
+        left childless and unlocked. Returns (KV tokens freed, the surviving
+        ancestor)."""
+        assert leaf.state is not None and leaf.kv.lock == 0 and leaf.st.lock == 0
+        freed_states.append(leaf.state)
+        self.lru[STATE].remove(leaf.st)
+        self._evictable[STATE] -= 1
+        parent = leaf.parent
+        assert parent is not None
+        tokens = self._detach(leaf, freed_kv)
+        while (
+            parent.parent is not None
+            and parent.state is None
+            and not parent.children
+            and parent.kv.lock == 0
+        ):
+            grandparent = parent.parent
+            tokens += self._detach(parent, freed_kv)
+            parent = grandparent
+        return tokens, parent
+
+    def _detach(self, node: TreeNode, freed_kv: array[int]) -> int:
+        parent = node.parent
+        assert parent is not None
+        ck = self._child_key(parent, node.key, 0, node.namespace)
+        if parent.children.pop(ck, None) is not node:
+            raise AssertionError(f"{node!r} is not registered under its own key")
+        freed_kv += node.value
+        self.lru[KV].remove(node.kv)
+        self._evictable[KV] -= len(node.value)
+        node.parent = None  # marks the node as deleted (stale handles are rejected)
+        return len(node.value)
+
+    # ------------------------------------------------------------------- locks
+
+    def inc_lock_ref(self, node: TreeNode) -> LockReceipt:
+        """Protect node's KV and its ancestors' KV, and node's state, from eviction."""
+        self._check_lockable(node)
+        if node is self.root:
+            return LockReceipt(node, False)
+        if node.st.lock == 0:
+            self._evictable[STATE] -= 1
+            self._protected[STATE] += 1
+        node.st.lock += 1
+        x: TreeNode | None = node
+        while x is not None and x.parent is not None:
+            if x.kv.lock == 0:
+                self._evictable[KV] -= len(x.value)
+                self._protected[KV] += len(x.value)
+            x.kv.lock += 1
+            x = x.parent
+        return LockReceipt(node, True)
+
+    def _check_lockable(self, node: Any) -> None:
+        if not isinstance(node, TreeNode):
+            raise TypeError(f"expected a TreeNode from match_prefix, got {type(node).__name__}")
+        x = node
+        while x.parent is not None:
+            x = x.parent
+        if x is not self.root:
+            raise ValueError(f"{node!r} is not in this tree (evicted, or from another cache)")
+        if node is not self.root and node.state is None:
+            raise ValueError(f"{node!r} has no state (it was evicted): match again to get a lockable node")
+
+    def dec_lock_ref(self, lock: LockReceipt | TreeNode) -> None:
+        """Release a lock taken by `inc_lock_ref` (pass its receipt; a node is
+        accepted for SGLang familiarity and releases a lock taken on it)."""
+        if isinstance(lock, TreeNode):
+            self._check_lockable(lock)
+            lock = LockReceipt(lock, lock is not self.root)
+        if not isinstance(lock, LockReceipt):
+            raise TypeError(f"expected a LockReceipt from inc_lock_ref, got {type(lock).__name__}")
+        if not lock.active:
+            raise ValueError(f"{lock!r} was already released")
+        node = lock.node
+        if node is self.root:
+            lock.active = False
+            return
+        self._check_unlockable(lock)
+        if lock.state_locked:
+            node.st.lock -= 1
+            if node.st.lock == 0:
+                self._evictable[STATE] += 1
+                self._protected[STATE] -= 1
+        x: TreeNode | None = node
+        while x is not None and x.parent is not None:
+            x.kv.lock -= 1
+            if x.kv.lock == 0:
+                self._evictable[KV] += len(x.value)
+                self._protected[KV] -= len(x.value)
+            x = x.parent
+        lock.active = False
+
+    def _check_unlockable(self, lock: LockReceipt) -> None:
+        """Validate the whole release before changing anything."""
+        node = lock.node
+        if lock.state_locked and (node.st.lock <= 0 or node.state is None):
+            raise ValueError(f"{node!r} holds no state lock to release")
+        x: TreeNode | None = node
+        while x is not None and x.parent is not None:
+            if x.kv.lock <= 0:
+                raise ValueError(f"{x!r} holds no KV lock to release")
+            x = x.parent
+        if x is not self.root:
+            raise ValueError(f"{node!r} is not in this tree")
+
+    # ------------------------------------------------------------------- sizes
+
+    def full_evictable_size(self) -> int:
+        return self._evictable[KV]
+
+    def full_protected_size(self) -> int:
+        return self._protected[KV]
+
+    def state_evictable_size(self) -> int:
+        return self._evictable[STATE]
+
+    def state_protected_size(self) -> int:
+        return self._protected[STATE]
+
+    def total_size(self) -> tuple[int, int]:
+        """(KV tokens held, states held)."""
+        return (
+            self._evictable[KV] + self._protected[KV],
+            self._evictable[STATE] + self._protected[STATE],
+        )
+
+    def node_count(self) -> int:
+        return self.lru[KV].size
+
+    # ------------------------------------------------------------- inspection
+
+    def _nodes(self) -> list[TreeNode]:
+        """Every non-root node, parents before children."""
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def all_kv_indices(self) -> array[int]:
+        out = array("q")
+        for node in self._nodes():
+            out += node.value
+        return out
+
+    def all_states(self) -> list[int]:
+        return [n.state for n in self._nodes() if n.state is not None]
+
+    def pretty(self) -> str:
+        """The tree as indented text, one node per line."""
+        lines = [f"root  kv={self.total_size()[0]} tokens, states={self.total_size()[1]}"]
+
+        def visit(node: TreeNode, indent: str) -> None:
+            kids = list(node.children.values())
+            for i, child in enumerate(kids):
+                last = i == len(kids) - 1
+                head = ",".join(map(str, child.key[:6])) + ("…" if len(child.key) > 6 else "")
+                state = "tombstone" if child.state is None else f"state={child.state}"
+                ns = f" ns={child.namespace!r}" if node is self.root and child.namespace is not None else ""
+                lines.append(
+                    f"{indent}{'└── ' if last else '├── '}[{head}] {len(child.key)} tok  {state}"
+                    f"  locks kv={child.kv.lock} st={child.st.lock}{ns}"
+                )
+                visit(child, indent + ("    " if last else "│   "))
+
+        visit(self.root, "")
+        return "\n".join(lines)
+
+    def pretty_print(self) -> None:
+        print(self.pretty())
+
+    def check_invariants(self) -> None:
+        """O(n) check of every structural invariant; raises AssertionError with
+        the offending node. See `mambaradix.core.invariants`."""
+        from mambaradix.core.invariants import check_tree
+
+        check_tree(self)
+
+    def sanity_check(self) -> None:
+        self.check_invariants()
+
+
+__all__ = ["MambaRadixCache", "LockReceipt", "EMPTY"]

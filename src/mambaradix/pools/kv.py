@@ -1,0 +1,207 @@
+"""KV-cache index allocators: which token slots of the (external) KV buffers
+are free. They hold no tensors; they hand out `array('q')` indices that the
+radix tree stores and later returns for the caller to free here.
+
+`TokenKVAllocator` hands out single token indices (page size 1).
+`PagedKVAllocator` hands out whole pages of `page_size` consecutive indices:
+
+    page:     0            1            2
+    index:  0 1 2 3 |  4 5 6 7 |  8 9 10 11     (page_size = 4)
+
+Both are LIFO (see `_freelist.FreeStack`): the most recently freed indices
+(pages) are reused first, in the order they were freed; a fresh allocator
+hands out 0, 1, 2, ... in ascending order.
+"""
+
+from __future__ import annotations
+
+import operator
+from array import array
+from collections.abc import Iterable
+from itertools import repeat
+
+from mambaradix.pools._checks import (
+    as_count,
+    as_index_array,
+    as_int,
+    as_positive,
+    check_in_range,
+    check_unique,
+)
+from mambaradix.pools._freelist import FreeStack
+
+__all__ = ["PagedKVAllocator", "TokenKVAllocator"]
+
+
+class TokenKVAllocator:
+    """Token indices 0..size-1, one at a time (page size 1).
+
+    Invariant: available_size() + (indices held by callers) == capacity.
+    Every method either succeeds or raises leaving the allocator unchanged.
+    """
+
+    __slots__ = ("_free",)
+
+    def __init__(self, size: int) -> None:
+        self._free = FreeStack(as_positive(size, "size"), "index")
+
+    @property
+    def capacity(self) -> int:
+        """Total number of indices. Pure."""
+        return self._free.size
+
+    def available_size(self) -> int:
+        """Number of free indices. Pure."""
+        return self._free.available()
+
+    def is_free(self, i: int) -> bool:
+        """Whether index `i` is free. Pure; ValueError if out of range."""
+        i = as_int(i, "i")
+        if not 0 <= i < self.capacity:
+            raise ValueError(f"i: {i} is out of range [0, {self.capacity})")
+        return self._free.is_free(i)
+
+    def alloc(self, n: int) -> array[int] | None:
+        """Take `n` free indices, returned as a new `array('q')` the caller
+        owns; `n == 0` gives an empty array. Returns None and changes nothing
+        when fewer than `n` are free. Mutates on success."""
+        return self._free.alloc(as_count(n, "n"))
+
+    def free(self, indices: Iterable[int]) -> None:
+        """Return `indices` (any iterable of ints; not mutated) to the pool.
+
+        Raises ValueError and frees nothing if any index is out of range,
+        repeated within the call, or already free."""
+        self._free.free(as_index_array(indices, "indices"), "indices")
+
+    def check_invariants(self) -> None:
+        """O(capacity) self-check; raises RuntimeError on corruption. Pure."""
+        self._free.check_invariants()
+
+    def __repr__(self) -> str:
+        return f"TokenKVAllocator(capacity={self.capacity}, available={self.available_size()})"
+
+
+class PagedKVAllocator:
+    """Token indices 0..size-1 grouped in pages of `page_size` consecutive
+    indices; page p holds p*page_size .. p*page_size + page_size - 1.
+
+    Memory is taken and given back a whole page at a time; `available_size`
+    counts tokens on free pages. A request's last page may be partly used:
+    `alloc_extend` fills its tail before taking new pages.
+    Every method either succeeds or raises leaving the allocator unchanged.
+    """
+
+    __slots__ = ("_pages", "_page_size")
+
+    def __init__(self, size: int, page_size: int) -> None:
+        size = as_positive(size, "size")
+        page_size = as_positive(page_size, "page_size")
+        if size % page_size:
+            raise ValueError(f"size ({size}) must be a multiple of page_size ({page_size})")
+        self._page_size = page_size
+        self._pages = FreeStack(size // page_size, "page")
+
+    @property
+    def capacity(self) -> int:
+        """Total number of token indices. Pure."""
+        return self._pages.size * self._page_size
+
+    @property
+    def page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def num_pages(self) -> int:
+        return self._pages.size
+
+    def available_size(self) -> int:
+        """Number of free token indices (free pages x page_size). Pure."""
+        return self._pages.available() * self._page_size
+
+    def is_free(self, i: int) -> bool:
+        """Whether the page holding token index `i` is free. Pure."""
+        i = self._check_index(i, "i")
+        return self._pages.is_free(i // self._page_size)
+
+    def alloc(self, n: int) -> array[int] | None:
+        """Take `n // page_size` whole free pages and return all their token
+        indices, page by page, as a new `array('q')`. `n` must be a multiple
+        of page_size (ValueError). Returns None and changes nothing when too
+        few pages are free. Mutates on success."""
+        n = as_count(n, "n")
+        if n % self._page_size:
+            raise ValueError(f"n ({n}) must be a multiple of page_size ({self._page_size})")
+        pages = self._pages.alloc(n // self._page_size)
+        return None if pages is None else self._expand(pages)
+
+    def alloc_extend(self, last_index: int | None, n: int) -> array[int] | None:
+        """Indices for `n` more tokens of a request whose last token sits at
+        `last_index` (None for a request with no tokens yet).
+
+        The request owns the page of `last_index`, and the positions after it
+        on that page are unused: they come first (no allocation), then whole
+        new pages, of which only the first indices needed are returned (the
+        rest of the last new page stays reserved for the request's next
+        tokens). Returns None and changes nothing when too few pages are free;
+        ValueError when `last_index` is out of range or on a free page.
+        Mutates on success (only when new pages are needed)."""
+        n = as_count(n, "n")
+        ps = self._page_size
+        if last_index is None:
+            start, tail = 0, 0
+        else:
+            last = self._check_index(last_index, "last_index")
+            if self._pages.is_free(last // ps):
+                raise ValueError(f"last_index: {last} lies on page {last // ps}, which is free")
+            start, tail = last + 1, ps - 1 - last % ps
+        take = min(n, tail)
+        need = n - take
+        pages = self._pages.alloc(-(-need // ps))
+        if pages is None:
+            return None
+        out = array("q", range(start, start + take))
+        new = self._expand(pages)
+        del new[need:]
+        out.extend(new)
+        return out
+
+    def free(self, indices: Iterable[int]) -> None:
+        """Free every page that holds one of `indices` (any iterable of ints;
+        not mutated). A page is freed whole even if only some of its indices
+        are given.
+
+        Raises ValueError and frees nothing if an index is out of range or
+        repeated within the call, or its page is already free."""
+        idx = as_index_array(indices, "indices")
+        check_in_range(idx, self.capacity, "indices")
+        check_unique(idx, "indices")
+        # Unique page ids in first-seen order; map/floordiv loop in C.
+        page_of = map(operator.floordiv, idx, repeat(self._page_size, len(idx)))
+        self._pages.free(array("q", dict.fromkeys(page_of)), "indices")
+
+    def check_invariants(self) -> None:
+        """O(num_pages) self-check; raises RuntimeError on corruption. Pure."""
+        self._pages.check_invariants()
+
+    def _check_index(self, value: object, name: str) -> int:
+        i = as_int(value, name)
+        if not 0 <= i < self.capacity:
+            raise ValueError(f"{name}: {i} is out of range [0, {self.capacity})")
+        return i
+
+    def _expand(self, pages: array[int]) -> array[int]:
+        """All token indices of `pages`, page by page. Pure."""
+        ps = self._page_size
+        if ps == 1:
+            return pages
+        out = array("q")
+        for p in pages:
+            out.extend(range(p * ps, p * ps + ps))
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"PagedKVAllocator(capacity={self.capacity}, page_size={self._page_size}, "
+            f"available={self.available_size()})"
+        )
