@@ -41,6 +41,7 @@ class KVAllocator(Protocol):
     def alloc(self, n: int) -> array[int] | None: ...
     def free(self, indices: Any) -> None: ...
     def available_size(self) -> int: ...
+    def is_free(self, i: int) -> bool: ...
     @property
     def capacity(self) -> int: ...
 
@@ -49,6 +50,7 @@ class SlotAllocator(Protocol):
     def alloc(self, n: int) -> Any: ...
     def free(self, slots: Any) -> None: ...
     def available_size(self) -> int: ...
+    def is_free(self, i: int) -> bool: ...
     @property
     def capacity(self) -> int: ...
 
@@ -96,7 +98,9 @@ class CacheManager:
         rows: RowTable,
     ) -> None:
         if tree.page_size != 1:
-            raise ValueError("the no_buffer lifecycle needs page_size 1 (states sit at exact token ends)")
+            raise ValueError(
+                "the no_buffer lifecycle needs page_size 1 (states sit at exact token ends)"
+            )
         self.tree, self.kv, self.slots, self.states, self.rows = tree, kv, slots, states, rows
         self.active: set[Request] = set()
         self.evictions = {"kv_tokens": 0, "states": 0}
@@ -169,7 +173,9 @@ class CacheManager:
         None (nothing changed) if the pool stays short after eviction."""
         self._check_active(req)
         if n < 1 or req.computed + n > len(req.input_ids) + len(req.output_ids):
-            raise ValueError(f"cannot extend by {n}: {req.computed} of {len(req.tokens)} tokens computed")
+            raise ValueError(
+                f"cannot extend by {n}: {req.computed} of {len(req.tokens)} tokens computed"
+            )
         got = self.alloc_kv(n)
         if got is not None:
             assert req.row is not None
@@ -187,8 +193,9 @@ class CacheManager:
             return  # every state is locked: skip this checkpoint (upstream #36770 crashes here)
         self.states.copy([req.slot], [donated])
         key = req.tokens[: req.computed]
-        r = self.tree.insert(key, self.rows.read(req.row, 0, req.computed), donated,
-                             req.prefix_len, req.extra_key)
+        r = self.tree.insert(
+            key, self.rows.read(req.row, 0, req.computed), donated, req.prefix_len, req.extra_key
+        )
         self._free_kv(r.freed_kv)
         if r.state_existed:
             self.slots.free([donated])
@@ -203,8 +210,9 @@ class CacheManager:
         self._check_active(req)
         assert req.row is not None and req.slot is not None and req.lock is not None
         key = req.tokens[: req.computed]
-        r = self.tree.insert(key, self.rows.read(req.row, 0, req.computed), req.slot,
-                             req.prefix_len, req.extra_key)
+        r = self.tree.insert(
+            key, self.rows.read(req.row, 0, req.computed), req.slot, req.prefix_len, req.extra_key
+        )
         self._free_kv(r.freed_kv)
         if r.state_existed:
             self.slots.free([req.slot])
@@ -241,22 +249,24 @@ class CacheManager:
     def check_conservation(self) -> None:
         """Every KV index and state slot is free, in the tree, or held by one
         active request, exactly once (reference doc I9, I10)."""
-        tree_kv, tree_states = self.tree.all_kv_indices(), self.tree.all_states()
-        held_kv = array("q")
-        held_slots = []
+        held_kv: list[int] = []
+        held_slots: list[int] = []
         for req in self.active:
             assert req.row is not None and req.slot is not None
             held_kv += self.rows.read(req.row, req.prefix_len, req.computed)
             held_slots.append(req.slot)
-        kv_total = self.kv.available_size() + len(tree_kv) + len(held_kv)
-        if kv_total != self.kv.capacity or len(set(tree_kv) | set(held_kv)) != len(tree_kv) + len(held_kv):
-            raise AssertionError(
-                f"KV leak/double ownership: free {self.kv.available_size()} + tree {len(tree_kv)} "
-                f"+ requests {len(held_kv)} != capacity {self.kv.capacity}"
-            )
-        slots_total = self.slots.available_size() + len(tree_states) + len(held_slots)
-        if slots_total != self.slots.capacity or len(set(tree_states) | set(held_slots)) != slots_total - self.slots.available_size():
-            raise AssertionError(
-                f"state slot leak/double ownership: free {self.slots.available_size()} + tree "
-                f"{len(tree_states)} + requests {len(held_slots)} != capacity {self.slots.capacity}"
-            )
+        _check_owned("KV index", self.kv, list(self.tree.all_kv_indices()), held_kv)
+        _check_owned("state slot", self.slots, self.tree.all_states(), held_slots)
+
+
+def _check_owned(
+    what: str, pool: KVAllocator | SlotAllocator, tree: list[int], held: list[int]
+) -> None:
+    owned = tree + held
+    if any(pool.is_free(i) for i in owned):
+        raise AssertionError(f"a {what} is owned and free at once")
+    if pool.available_size() + len(owned) != pool.capacity or len(set(owned)) != len(owned):
+        raise AssertionError(
+            f"{what} leak or double ownership: free {pool.available_size()} + tree {len(tree)} "
+            f"+ requests {len(held)} != capacity {pool.capacity} (or an entry is owned twice)"
+        )

@@ -49,7 +49,8 @@ class LockReceipt:
         self.active = True
 
     def __repr__(self) -> str:
-        return f"LockReceipt(node={self.node.id}, state_locked={self.state_locked}, active={self.active})"
+        state, active = self.state_locked, self.active
+        return f"LockReceipt(node={self.node.id}, state_locked={state}, active={active})"
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -82,7 +83,9 @@ class MambaRadixCache:
         self.page_size = _positive_int(page_size, "page_size")
         self.chunk_size = _positive_int(chunk_size, "chunk_size")
         if chunk_size % page_size:
-            raise ValueError(f"chunk_size ({chunk_size}) must be a multiple of page_size ({page_size})")
+            raise ValueError(
+                f"chunk_size ({chunk_size}) must be a multiple of page_size ({page_size})"
+            )
         if compat not in COMPAT_MODES:
             raise ValueError(f"compat must be one of {COMPAT_MODES}, got {compat!r}")
         self.compat = compat
@@ -240,9 +243,13 @@ class MambaRadixCache:
         self, tokens: array[int], values: array[int], state: Any, prev: Any, extra_key: Any
     ) -> None:
         if len(values) != len(tokens):
-            raise ValueError(f"kv_indices has {len(values)} entries for a key of {len(tokens)} tokens")
+            raise ValueError(
+                f"kv_indices has {len(values)} entries for a key of {len(tokens)} tokens"
+            )
         if state is None:
-            raise ValueError("state is required: the slot holding the state after the key's last token")
+            raise ValueError(
+                "state is required: the slot holding the state after the key's last token"
+            )
         if isinstance(state, bool) or not hasattr(state, "__index__"):
             raise TypeError(f"state must be an int slot id, got {type(state).__name__}")
         if operator.index(state) < 0:
@@ -293,7 +300,13 @@ class MambaRadixCache:
         return InsertResult(off, True, freed)
 
     def _add_leaf(
-        self, parent: TreeNode, tokens: array[int], values: array[int], off: int, state: int, extra_key: Any
+        self,
+        parent: TreeNode,
+        tokens: array[int],
+        values: array[int],
+        off: int,
+        state: int,
+        extra_key: Any,
     ) -> None:
         ns = extra_key if parent is self.root else parent.namespace
         leaf = TreeNode(parent, tokens[off:], values[off:], state, ns)
@@ -438,7 +451,9 @@ class MambaRadixCache:
         if x is not self.root:
             raise ValueError(f"{node!r} is not in this tree (evicted, or from another cache)")
         if node is not self.root and node.state is None:
-            raise ValueError(f"{node!r} has no state (it was evicted): match again to get a lockable node")
+            raise ValueError(
+                f"{node!r} has no state (it was evicted): match again to get a lockable node"
+            )
 
     def dec_lock_ref(self, lock: LockReceipt | TreeNode) -> None:
         """Release a lock taken by `inc_lock_ref` (pass its receipt; a node is
@@ -536,7 +551,11 @@ class MambaRadixCache:
                 last = i == len(kids) - 1
                 head = ",".join(map(str, child.key[:6])) + ("…" if len(child.key) > 6 else "")
                 state = "tombstone" if child.state is None else f"state={child.state}"
-                ns = f" ns={child.namespace!r}" if node is self.root and child.namespace is not None else ""
+                ns = (
+                    f" ns={child.namespace!r}"
+                    if node is self.root and child.namespace is not None
+                    else ""
+                )
                 lines.append(
                     f"{indent}{'└── ' if last else '├── '}[{head}] {len(child.key)} tok  {state}"
                     f"  locks kv={child.kv.lock} st={child.st.lock}{ns}"
