@@ -25,6 +25,7 @@ from mambaradix.pools import (
     TokenKVAllocator,
     fingerprint_of,
 )
+from mambaradix.sim import run_tokens as step
 
 
 @dataclass
@@ -55,7 +56,8 @@ def check_everything(mgr: CacheManager, pool: FingerprintStatePool) -> None:
         assert pool.fingerprint(node.state) == fingerprint_of(path), f"tree state {node!r} is wrong"
     for req in mgr.active:
         assert req.slot is not None
-        assert pool.fingerprint(req.slot) == fingerprint_of(req.tokens[: req.computed]), "running state"
+        expected = fingerprint_of(req.tokens[: req.computed])
+        assert pool.fingerprint(req.slot) == expected, "running state"
 
 
 def _state_nodes(node: TreeNode, path: array[int]):  # type: ignore[no-untyped-def]
@@ -64,28 +66,6 @@ def _state_nodes(node: TreeNode, path: array[int]):  # type: ignore[no-untyped-d
         if child.state is not None:
             yield p, child
         yield from _state_nodes(child, p)
-
-
-def run_request(mgr: CacheManager, pool: FingerprintStatePool, req: Request, chunk: int) -> bool:
-    """Serve one admitted request to completion alone. False if KV ran out."""
-    for stop in mgr.plan_prefill(req, chunk):
-        if not step(mgr, pool, req, stop - req.computed):
-            return False
-        mgr.cache_unfinished(req)
-    while req.computed < len(req.input_ids) + len(req.output_ids) - 1:
-        if not step(mgr, pool, req, 1):
-            return False
-    mgr.finish(req)
-    return True
-
-
-def step(mgr: CacheManager, pool: FingerprintStatePool, req: Request, n: int) -> bool:
-    start = req.computed
-    if mgr.extend(req, n) is None:
-        return False
-    assert req.slot is not None
-    pool.advance(req.slot, req.tokens[start : req.computed])
-    return True
 
 
 class Simulator:
@@ -173,6 +153,7 @@ def multi_turn_jobs(seed: int, sessions: int, turns: int, system_len: int = 40,
             answer = [rng.randrange(vocab) for _ in range(rng.randint(1, 12))]
             jobs.append(Job(prompt, answer, "tenant-b" if s % 5 == 4 else None))
             if rng.random() < 0.15:
-                jobs.append(Job(list(prompt), list(answer), jobs[-1].extra_key))  # identical re-send
+                # an identical re-send of the same prompt
+                jobs.append(Job(list(prompt), list(answer), jobs[-1].extra_key))
             histories[s] = prompt + answer
     return jobs

@@ -12,10 +12,10 @@ from lifecycle_sim import (
     check_everything,
     make_manager,
     multi_turn_jobs,
-    run_request,
 )
 
 from mambaradix.lifecycle import Request
+from mambaradix.sim import serve_request as run_request
 
 
 def serve(mgr, pool, tokens, output=(7, 8, 9), chunk=16):  # type: ignore[no-untyped-def]

@@ -1,0 +1,107 @@
+"""A short demo of the cache: the same multi-turn sessions served with the
+default behaviour and with compat="sglang", side by side.
+
+Sessions share a few long system prompts; every turn's prompt is the session's
+whole history plus a new user message; some prompts are re-sent verbatim (a
+retry). Requests run one after another through the full lifecycle with small
+pools, so eviction happens.
+"""
+
+from __future__ import annotations
+
+import random
+from array import array
+
+from mambaradix.core.tree import MambaRadixCache
+from mambaradix.lifecycle import CacheManager, Request
+from mambaradix.pools import (
+    FingerprintStatePool,
+    ReqToTokenTable,
+    StateSlotAllocator,
+    TokenKVAllocator,
+)
+from mambaradix.sim import serve_request
+
+Turn = tuple[list[int], list[int]]
+
+
+def demo_sessions(sessions: int, turns: int, seed: int, vocab: int = 32_000) -> list[Turn]:
+    """(prompt, answer) pairs of interleaved multi-turn sessions."""
+    rng = random.Random(seed)
+    systems = [[rng.randrange(vocab) for _ in range(rng.randint(500, 2000))] for _ in range(3)]
+    histories = [list(rng.choice(systems)) for _ in range(sessions)]
+    out: list[Turn] = []
+    for _ in range(turns):
+        for s in rng.sample(range(sessions), sessions):
+            prompt = histories[s] + [rng.randrange(vocab) for _ in range(rng.randint(20, 200))]
+            answer = [rng.randrange(vocab) for _ in range(rng.randint(50, 400))]
+            out.append((prompt, answer))
+            if rng.random() < 0.1:
+                out.append((prompt, answer))  # a client retry: the same prompt again
+            histories[s] = prompt + answer
+    return out
+
+
+def serve_all(
+    compat: str | None, turns: list[Turn], kv_tokens: int, slots: int, chunk: int
+) -> dict[str, float]:
+    pool = FingerprintStatePool(slots)
+    context = max(len(p) + len(a) for p, a in turns)
+    mgr = CacheManager(
+        MambaRadixCache(page_size=1, chunk_size=64, compat=compat),
+        TokenKVAllocator(kv_tokens),
+        StateSlotAllocator(slots),
+        pool,
+        ReqToTokenTable(1, context),
+    )
+    prompt_tokens = cached = 0
+    for prompt, answer in turns:
+        req = Request(array("q", prompt), output_ids=list(answer))
+        if not mgr.admit(req):
+            raise RuntimeError("an idle cache refused a request: pools too small")
+        prompt_tokens += len(prompt)
+        cached += req.cached_len
+        if not serve_request(mgr, pool, req, chunk):
+            raise RuntimeError("a request does not fit in the KV pool alone")
+    mgr.tree.check_invariants()
+    mgr.check_conservation()
+    return {
+        "requests": len(turns),
+        "prompt tokens": prompt_tokens,
+        "cached tokens": cached,
+        "token hit rate": cached / prompt_tokens,
+        "KV tokens evicted": mgr.evictions["kv_tokens"],
+        "states evicted": mgr.evictions["states"],
+        "tree nodes": mgr.tree.node_count(),
+    }
+
+
+def tiny_tree() -> str:
+    """A four-insert example showing a split, a tombstone and a namespace."""
+    cache = MambaRadixCache()
+    cache.insert([1, 2, 3], [10, 11, 12], state=0)
+    cache.insert([1, 2, 3, 4, 5, 6, 7], [10, 11, 12, 13, 14, 15, 16], state=1)
+    cache.insert([1, 2, 3, 4, 5, 60, 70], [10, 11, 12, 13, 14, 17, 18], state=2)
+    cache.insert([1, 2, 3], [20, 21, 22], state=3, extra_key="lora-b")
+    cache.evict(states=1)  # the least recently used state, [1,2,3], becomes a tombstone
+    return cache.pretty()
+
+
+def run_demo(sessions: int, turns: int, kv_tokens: int, slots: int, chunk: int, seed: int) -> str:
+    work = demo_sessions(sessions, turns, seed)
+    rows = {
+        name: serve_all(compat, work, kv_tokens, slots, chunk)
+        for name, compat in (("mambaradix", None), ("sglang-0.5.15", "sglang"))
+    }
+    lines = [
+        f"{sessions} sessions x {turns} turns, KV pool {kv_tokens} tokens, {slots} state slots, "
+        f"prefill chunk {chunk}",
+        "",
+        f"{'':22}" + "".join(f"{name:>16}" for name in rows),
+    ]
+    for metric in next(iter(rows.values())):
+        cells = [rows[name][metric] for name in rows]
+        fmt = "{:>16.1%}" if metric == "token hit rate" else "{:>16,}"
+        lines.append(f"{metric:22}" + "".join(fmt.format(c) for c in cells))
+    lines += ["", "A tiny tree (a split, a tombstone, a namespace):", tiny_tree()]
+    return "\n".join(lines)
