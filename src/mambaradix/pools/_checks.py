@@ -60,7 +60,7 @@ def check_in_range(idx: array[int], limit: int, name: str) -> None:
     """Raise `ValueError` unless every value of `idx` lies in [0, limit)."""
     if not idx:
         return
-    if len(idx) < 64:
+    if len(idx) < 64:  # same crossover as _freelist.VECTOR_MIN
         lo, hi = min(idx), max(idx)
     else:  # builtin min/max box every item (~50 ns each); numpy does not
         v = np.frombuffer(idx, dtype=np.int64)

@@ -15,10 +15,10 @@ hands out 0, 1, 2, ... in ascending order.
 
 from __future__ import annotations
 
-import operator
 from array import array
 from collections.abc import Iterable
-from itertools import repeat
+
+import numpy as np
 
 from mambaradix.pools._checks import (
     as_count,
@@ -26,9 +26,8 @@ from mambaradix.pools._checks import (
     as_int,
     as_positive,
     check_in_range,
-    check_unique,
 )
-from mambaradix.pools._freelist import FreeStack
+from mambaradix.pools._freelist import VECTOR_MIN, FreeStack
 
 __all__ = ["PagedKVAllocator", "TokenKVAllocator"]
 
@@ -169,16 +168,14 @@ class PagedKVAllocator:
     def free(self, indices: Iterable[int]) -> None:
         """Free every page that holds one of `indices` (any iterable of ints;
         not mutated). A page is freed whole even if only some of its indices
-        are given.
+        are given, and once however many of its indices are given. Pages go
+        back in order of first appearance (LIFO: the first is reused first).
 
         Raises ValueError and frees nothing if an index is out of range or
-        repeated within the call, or its page is already free."""
+        lies on a page that is already free."""
         idx = as_index_array(indices, "indices")
         check_in_range(idx, self.capacity, "indices")
-        check_unique(idx, "indices")
-        # Unique page ids in first-seen order; map/floordiv loop in C.
-        page_of = map(operator.floordiv, idx, repeat(self._page_size, len(idx)))
-        self._pages.free(array("q", dict.fromkeys(page_of)), "indices")
+        self._pages.free(self._pages_of(idx), "indices")
 
     def check_invariants(self) -> None:
         """O(num_pages) self-check; raises RuntimeError on corruption. Pure."""
@@ -196,9 +193,24 @@ class PagedKVAllocator:
         if ps == 1:
             return pages
         out = array("q")
-        for p in pages:
-            out.extend(range(p * ps, p * ps + ps))
+        if len(pages) * ps < VECTOR_MIN:
+            for p in pages:
+                out.extend(range(p * ps, p * ps + ps))
+        else:
+            first = np.frombuffer(pages, dtype=np.int64) * ps
+            out.frombytes((first[:, None] + np.arange(ps, dtype=np.int64)).tobytes())
         return out
+
+    def _pages_of(self, idx: array[int]) -> array[int]:
+        """Unique page ids of (range-checked) `idx`, in first-seen order. Pure."""
+        ps = self._page_size
+        if len(idx) < VECTOR_MIN:
+            return array("q", dict.fromkeys(i // ps for i in idx))
+        pages = np.frombuffer(idx, dtype=np.int64) // ps
+        # Indices usually come page by page: drop runs in numpy first, so the
+        # exact first-seen dedup below only sees about len(idx) / ps ids.
+        runs = pages[np.concatenate(([True], pages[1:] != pages[:-1]))]
+        return array("q", dict.fromkeys(runs.tolist()))
 
     def __repr__(self) -> str:
         return (
