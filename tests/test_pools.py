@@ -131,6 +131,32 @@ class TestTokenKVAllocator:
         expect_error(a, ValueError, match, a.free, bad)
         assert a.available_size() == 4
 
+    @pytest.mark.parametrize(
+        "bad, match",
+        [
+            ([*range(100), 100], "already free"),
+            ([*range(100), 5], "index 5 appears more than once"),
+            ([*range(100), 300], "out of range"),
+            ([-1, *range(100)], "out of range"),
+        ],
+    )
+    def test_bad_long_free_raises_and_frees_nothing(self, bad: list[int], match: str) -> None:
+        """Batches of >= 64 ids take the numpy path; same checks, same result."""
+        a = TokenKVAllocator(200)
+        a.alloc(100)  # 0..99 held, 100..199 free
+        expect_error(a, ValueError, match, a.free, bad)
+        assert a.available_size() == 100
+
+    def test_long_batches_keep_lifo_order(self) -> None:
+        a = TokenKVAllocator(300)
+        first = a.alloc(200)
+        assert list(first or []) == list(range(200))
+        batch = [*range(150, 50, -1)]
+        a.free(batch)
+        assert list(a.alloc(100) or []) == batch
+        assert list(a.alloc(3) or []) == [200, 201, 202]
+        a.check_invariants()
+
     def test_double_free_across_calls(self) -> None:
         a = TokenKVAllocator(4)
         got = a.alloc(2)
@@ -239,11 +265,32 @@ class TestPagedKVAllocator:
         a = PagedKVAllocator(16, 4)
         a.alloc(4)
         expect_error(a, ValueError, "page 1 is already free", a.free, [0, 4])
-        expect_error(a, ValueError, "more than once", a.free, [1, 1])
         expect_error(a, ValueError, "out of range", a.free, [16])
-        a.free([0, 1, 2])  # several indices of one page: one page freed
+        expect_error(a, ValueError, "out of range", a.free, [-1])
+        a.free([0, 1, 2, 1])  # several indices of one page: one page freed
         assert a.available_size() == 16
         expect_error(a, ValueError, "already free", a.free, [3])
+
+    @pytest.mark.parametrize("n_pages", [2, 40])  # short and long (numpy) paths
+    def test_free_returns_pages_in_first_seen_order(self, n_pages: int) -> None:
+        a = PagedKVAllocator(4 * n_pages, 4)
+        a.alloc(4 * n_pages)
+        order = list(range(n_pages))[::-1]
+        # every index of each page, pages in `order`, some indices repeated
+        idx = [p * 4 + k for p in order for k in (0, 1, 2, 3, 1)]
+        a.free(idx)
+        assert a.available_size() == a.capacity
+        got = a.alloc(4 * n_pages)
+        assert got is not None and list(got[::4]) == [p * 4 for p in order]
+        a.check_invariants()
+
+    def test_long_alloc_pages_are_consecutive(self) -> None:
+        a = PagedKVAllocator(800, 8)
+        got = a.alloc(400)
+        assert list(got or []) == list(range(400))
+        a.free(range(8, 400))  # pages 1..49
+        again = a.alloc_extend(3, 200)  # tail of page 0, then pages 1, 2, ...
+        assert list(again or []) == list(range(4, 204))
 
     @pytest.mark.parametrize("size, ps", [(10, 4), (0, 4), (8, 0)])
     def test_geometry_validation(self, size: int, ps: int) -> None:
@@ -295,12 +342,14 @@ class TokenAllocatorMachine(RuleBasedStateMachine):
 
     held = Bundle("held")
 
+    SIZE = 400
+
     def __init__(self) -> None:
         super().__init__()
-        self.alloc = TokenKVAllocator(24)
-        self.model_free = set(range(24))
+        self.alloc = TokenKVAllocator(self.SIZE)
+        self.model_free = set(range(self.SIZE))
 
-    @rule(target=held, n=st.integers(0, 10))
+    @rule(target=held, n=st.one_of(st.integers(0, 8), st.integers(60, 150)))
     def take(self, n: int) -> array[int]:
         got = self.alloc.alloc(n)
         if n > len(self.model_free):
@@ -316,20 +365,21 @@ class TokenAllocatorMachine(RuleBasedStateMachine):
         self.alloc.free(batch)
         self.model_free |= set(batch)
 
-    @rule(i=st.integers(-2, 25))
-    def bad_free(self, i: int) -> None:
+    @rule(batch=held, i=st.integers(-2, SIZE + 2))
+    def bad_free(self, batch: array[int], i: int) -> None:
+        """A held batch plus one id that is free, repeated or out of range."""
+        if 0 <= i < self.SIZE and i not in self.model_free and i not in batch:
+            return  # that would be a valid free; not this rule's business
         before = copy.deepcopy(self.alloc)
-        if 0 <= i < 24 and i not in self.model_free:
-            return  # a valid free; not this rule's business
         with pytest.raises(ValueError):
-            self.alloc.free([i])
+            self.alloc.free([*batch, i])
         assert_unchanged(before, self.alloc)
 
     @invariant()
     def agrees_with_model(self) -> None:
         self.alloc.check_invariants()
         assert self.alloc.available_size() == len(self.model_free)
-        assert {i for i in range(24) if self.alloc.is_free(i)} == self.model_free
+        assert {i for i in range(self.SIZE) if self.alloc.is_free(i)} == self.model_free
 
 
 TestTokenAllocatorMachine = TokenAllocatorMachine.TestCase
@@ -708,6 +758,23 @@ class TestTorchStatePool:
             pool.clear([1, 4])
         for t, o in zip(pool.tensors(), old, strict=True):
             assert torch.equal(t, o)
+
+    @pytest.mark.parametrize(
+        "dtype",
+        ["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8"],
+    )
+    def test_copy_and_clear_every_dtype(self, dtype: str) -> None:
+        g = StateGeometry(2, ((3, 2),), (2, 2), conv_dtype=dtype, ssm_dtype=dtype)
+        pool = TorchStatePool(g, 3)
+        for t in pool.tensors():
+            t.copy_((torch.arange(t.numel()) % 7 + 1).reshape(t.shape).to(t.dtype))
+        pool.copy([0], [2])
+        for t in pool.tensors():
+            assert t.dtype == getattr(torch, dtype)
+            assert torch.equal(t[:, 2].float(), t[:, 0].float())
+        pool.clear([2])
+        assert all(not t[:, 2].float().any() for t in pool.tensors())
+        assert all(t[:, 1].float().all() for t in pool.tensors())
 
     def test_layer_views_and_range(self) -> None:
         pool = small_pool()

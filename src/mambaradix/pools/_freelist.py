@@ -24,12 +24,12 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from itertools import repeat
+from typing import NoReturn
 
 import numpy as np
 import numpy.typing as npt
 
-VECTOR_MIN = 64
-"""Batches at least this long go through numpy (measured crossover ~50)."""
+from mambaradix.pools._checks import VECTOR_MIN
 
 
 def _reversed(ids: array[int]) -> array[int]:
@@ -57,7 +57,7 @@ class FreeStack:
         # Top of the stack is the end of the array; 0 sits on top.
         self._stack = array("q", range(size - 1, -1, -1))
         self._flags = bytearray(b"\x01") * size
-        # Lazily made by the first long free; see _check_free_long.
+        # Id-indexed scratch for _first_repeat, made on first use.
         self._scratch: npt.NDArray[np.int64] | None = None
 
     @property
@@ -103,6 +103,13 @@ class FreeStack:
         # Reversed, so that the next alloc returns them in the order given.
         self._stack.extend(_reversed(ids))
 
+    def unique(self, ids: array[int]) -> array[int]:
+        """`ids` (all in range) without repeats, in first-seen order; `ids`
+        itself when it has none. Pure (apart from scratch space)."""
+        if len(ids) >= VECTOR_MIN and self._first_repeat(np.frombuffer(ids, np.int64)) is None:
+            return ids
+        return array("q", dict.fromkeys(ids))
+
     def check_invariants(self) -> None:
         """O(size) self-check; raises `RuntimeError` on corruption. Pure."""
         stack, flags = self._stack, self._flags
@@ -143,24 +150,31 @@ class FreeStack:
         hit = np.flatnonzero(np.frombuffer(self._flags, dtype=np.uint8)[v])
         if hit.size:
             self._raise_already_free(int(v[hit[0]]), what)
-        # Repeats in O(n), no sort: scatter each position into a scratch
-        # array indexed by id, gather back; a repeated id keeps only its last
-        # position, so an earlier occurrence reads back a different one.
+        repeat_at = self._first_repeat(v)
+        if repeat_at is not None:
+            self._raise_repeated(repeat_at, what)
+
+    def _first_repeat(self, v: npt.NDArray[np.int64]) -> int | None:
+        """Some id that occurs more than once in `v` (ids in range), or None.
+
+        O(n), no sort: scatter each position into a scratch array indexed by
+        id, then gather back. Every repeated id keeps only one of its
+        positions (which one numpy does not promise, and this does not need),
+        so at least one of its occurrences reads back a different position."""
         if self._scratch is None:
             self._scratch = np.empty(self._size, dtype=np.int64)
         pos = np.arange(v.size, dtype=np.int64)
         self._scratch[v] = pos
         bad = np.flatnonzero(self._scratch[v] != pos)
-        if bad.size:
-            self._raise_repeated(int(v[bad[0]]), what)
+        return int(v[bad[0]]) if bad.size else None
 
     def _check_bounds(self, lo: int, hi: int, what: str) -> None:
         if lo < 0 or hi >= self._size:
             bad = lo if lo < 0 else hi
             raise ValueError(f"{what}: {bad} is out of range [0, {self._size})")
 
-    def _raise_already_free(self, i: int, what: str) -> None:
+    def _raise_already_free(self, i: int, what: str) -> NoReturn:
         raise ValueError(f"{what}: {self._noun} {i} is already free (double free?)")
 
-    def _raise_repeated(self, i: int, what: str) -> None:
+    def _raise_repeated(self, i: int, what: str) -> NoReturn:
         raise ValueError(f"{what}: {self._noun} {i} appears more than once")

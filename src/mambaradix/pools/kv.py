@@ -21,13 +21,14 @@ from collections.abc import Iterable
 import numpy as np
 
 from mambaradix.pools._checks import (
+    VECTOR_MIN,
     as_count,
     as_index_array,
     as_int,
     as_positive,
     check_in_range,
 )
-from mambaradix.pools._freelist import VECTOR_MIN, FreeStack
+from mambaradix.pools._freelist import FreeStack
 
 __all__ = ["PagedKVAllocator", "TokenKVAllocator"]
 
@@ -205,12 +206,14 @@ class PagedKVAllocator:
         """Unique page ids of (range-checked) `idx`, in first-seen order. Pure."""
         ps = self._page_size
         if len(idx) < VECTOR_MIN:
-            return array("q", dict.fromkeys(i // ps for i in idx))
-        pages = np.frombuffer(idx, dtype=np.int64) // ps
-        # Indices usually come page by page: drop runs in numpy first, so the
-        # exact first-seen dedup below only sees about len(idx) / ps ids.
-        runs = pages[np.concatenate(([True], pages[1:] != pages[:-1]))]
-        return array("q", dict.fromkeys(runs.tolist()))
+            pages = array("q", (i // ps for i in idx))
+        else:
+            # Indices usually come page by page: dropping runs in numpy keeps
+            # first-seen order and leaves about len(idx) / ps ids to dedup.
+            v = np.frombuffer(idx, dtype=np.int64) // ps
+            pages = array("q")
+            pages.frombytes(v[np.concatenate(([True], v[1:] != v[:-1]))].tobytes())
+        return self._pages.unique(pages)
 
     def __repr__(self) -> str:
         return (

@@ -31,6 +31,10 @@ _DTYPES: dict[str, torch.dtype] = {
     "int8": torch.int8,
 }
 
+# CPU torch has no index_copy_/index_fill_ for float8: move those as bytes
+# (a bitwise copy; all-zero bits are +0.0).
+_AS_BYTES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
 SlotIndex: TypeAlias = Sequence[int] | torch.Tensor
 
 
@@ -40,9 +44,10 @@ class TorchStatePool:
     It only stores contents; which slots are in use is the allocator's
     business (`StateSlotAllocator`). Every method validates its slots first
     and raises ValueError / TypeError leaving the tensors unchanged.
+    `conv` and `ssm` are public for kernels: write into them, never rebind.
     """
 
-    __slots__ = ("_geometry", "_size", "_device", "conv", "ssm")
+    __slots__ = ("_geometry", "_size", "_device", "_movable", "conv", "ssm")
 
     def __init__(
         self, geometry: StateGeometry, size: int, device: str | torch.device = "cpu"
@@ -64,6 +69,8 @@ class TorchStatePool:
             (layers, size, *geometry.ssm_shape), dtype=_DTYPES[geometry.ssm_dtype], device=dev
         )
         """[num_layers, size, *ssm_shape]."""
+        # Views of the same storage that copy/clear operate on.
+        self._movable = [t.view(torch.uint8) if t.dtype in _AS_BYTES else t for t in self.tensors()]
 
     @property
     def geometry(self) -> StateGeometry:
@@ -103,7 +110,7 @@ class TorchStatePool:
             raise ValueError("dst: a slot appears more than once")
         if not d.numel():
             return
-        for t in self.tensors():
+        for t in self._movable:
             t.index_copy_(1, d, t.index_select(1, s))
 
     def clear(self, slots: SlotIndex) -> None:
@@ -111,7 +118,7 @@ class TorchStatePool:
         idx = self._index(slots, "slots")
         if not idx.numel():
             return
-        for t in self.tensors():
+        for t in self._movable:
             t.index_fill_(1, idx, 0)
 
     def slot_fingerprint(self, slot: int) -> float:

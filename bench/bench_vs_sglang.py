@@ -1,0 +1,246 @@
+"""SGLang 0.5.15.post1's MambaRadixCache vs ours, side by side on one serving-like op sequence.
+
+    .venv/bin/python bench/bench_vs_sglang.py [--seed 0 --ops 40000 --repeats 3 --json out.json]
+
+Replays the same seeded op list (see `workload.py`) through
+  (a) upstream: SGLang's own class, called directly as its scheduler does (`drivers.py`),
+  (b) ours with compat="sglang": the same decisions as upstream -- every match's prefix
+      length and branching length, every insert's prefix length and state-existed flag, every
+      eviction's counts, a hash of every 16th match's KV indices and the final sizes are
+      asserted equal, so both time identical work,
+  (c) ours with compat=None (default): the fixed behaviour; decisions may differ (it never
+      splits on match and refreshes only the state a match uses), so only its time is shown.
+Each repeat builds fresh caches; the three replays run in rotating order. Per op, the median
+over repeats is taken; the tables summarise those medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from array import array
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from drivers import Replay, replay_ours, replay_upstream, timer_overhead_ns  # noqa: E402
+from workload import OP_NAMES, Workload, WorkloadConfig, generate  # noqa: E402
+
+SIDES = ("upstream", "ours_sglang", "ours_default")
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch": torch.__version__,
+    }
+
+
+def run_side(side: str, w: Workload, args: argparse.Namespace, limit: int | None = None) -> Replay:
+    gc.collect()
+    if args.no_gc:
+        gc.disable()
+    try:
+        if side == "upstream":
+            return replay_upstream(w, args.page_size, args.chunk_size, limit)
+        compat = "sglang" if side == "ours_sglang" else None
+        return replay_ours(w, compat, args.page_size, args.chunk_size, limit)
+    finally:
+        gc.enable()
+
+
+def check_same(w: Workload, a: Replay, b: Replay) -> int:
+    """Assert ours(compat="sglang") decided exactly what upstream decided; returns ops compared."""
+    bad = [i for i in range(len(w.ops)) if a.sig[i] != b.sig[i] or (a.times[i] < 0) != (b.times[i] < 0)]
+    if bad:
+        i = bad[0]
+        raise AssertionError(
+            f"{len(bad)} ops differ; first: op #{i} {w.ops[i]}: upstream={a.sig[i]} ours={b.sig[i]}"
+        )
+    if a.sizes != b.sizes:
+        raise AssertionError(f"final sizes differ: upstream={a.sizes} ours={b.sizes}")
+    return sum(1 for s in a.sig if s is not None)
+
+
+def per_op_median(runs: list[Replay], n: int) -> array[int]:
+    if len(runs) == 1:
+        return runs[0].times
+    out = array("q", [-1]) * n
+    cols = [r.times for r in runs]
+    for i in range(n):
+        xs = [c[i] for c in cols]
+        if min(xs) >= 0:
+            out[i] = int(statistics.median(xs))
+    return out
+
+
+def summarise(w: Workload, times: dict[str, array[int]], overhead: int) -> dict[str, Any]:
+    """Per op type and overall: count, median / mean µs, total ms per side; ratios."""
+    kinds = [OP_NAMES[op[0]] for op in w.ops]
+    table: dict[str, Any] = {}
+    for kind in (*OP_NAMES, "all"):
+        row: dict[str, Any] = {}
+        for side in SIDES:
+            xs = [t - overhead for t, k in zip(times[side], kinds)
+                  if t >= 0 and (kind == "all" or k == kind)]
+            if not xs:
+                continue
+            row[side] = {
+                "count": len(xs),
+                "median_us": statistics.median(xs) / 1e3,
+                "mean_us": statistics.fmean(xs) / 1e3,
+                "total_ms": sum(xs) / 1e6,
+            }
+        for side in SIDES[1:]:
+            if "upstream" not in row or side not in row:
+                continue
+            ratios = [(u - overhead) / max(o - overhead, 1)
+                      for u, o, k in zip(times["upstream"], times[side], kinds)
+                      if u >= 0 and o >= 0 and (kind == "all" or k == kind)]
+            row[f"ratio_{side}"] = {
+                "total": row["upstream"]["total_ms"] / row[side]["total_ms"],
+                "median_of_per_op": statistics.median(ratios) if ratios else float("nan"),
+                "ops_compared": len(ratios),
+            }
+        table[kind] = row
+    return table
+
+
+def print_table(table: dict[str, Any]) -> None:
+    short = {"upstream": "sglang", "ours_sglang": "ours(compat)", "ours_default": "ours(default)"}
+    head = f"{'op':<7}{'count':>7} | "
+    head += " | ".join(f"{short[s]:>13} med µs  mean µs  tot ms" for s in SIDES)
+    head += " | ratio compat: tot  med | ratio default: tot  med"
+    print(head)
+    print("-" * len(head))
+    for kind, row in table.items():
+        if "upstream" not in row:
+            continue
+        line = f"{kind:<7}{row['upstream']['count']:>7} | "
+        cells = []
+        for s in SIDES:
+            r = row.get(s)
+            cells.append(" " * 36 if r is None else
+                         f"{r['median_us']:>20.2f} {r['mean_us']:>8.2f} {r['total_ms']:>7.1f}")
+        line += " | ".join(cells)
+        for s in SIDES[1:]:
+            r = row.get(f"ratio_{s}")
+            line += " | " + ("" if r is None else
+                             f"{r['total']:>16.2f}x {r['median_of_per_op']:>5.2f}x")
+        print(line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ops", type=int, default=40_000, help="ops in the sequence (approximate)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path, help="write all results here")
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--chunk-size", type=int, default=64)
+    ap.add_argument("--tenants", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--max-turns", type=int, default=8)
+    ap.add_argument("--kv-budget", type=int, default=120_000)
+    ap.add_argument("--state-budget", type=int, default=192)
+    ap.add_argument("--no-gc", action="store_true", help="disable the cyclic GC during replays")
+    ap.add_argument("--raw-timer", action="store_true",
+                    help="do not subtract the empty perf_counter_ns pair's cost from each op")
+    ap.add_argument("--warmup", type=int, default=3000, help="ops replayed per side before timing")
+    ap.add_argument("--skip-upstream-check", action="store_true")
+    args = ap.parse_args(argv)
+    if args.page_size != 1:
+        ap.error("the workload's keys are not page-aligned; use --page-size 1")
+
+    info = machine()
+    print("machine: " + ", ".join(f"{k}={v}" for k, v in info.items()))
+    cfg = WorkloadConfig(seed=args.seed, n_ops=args.ops, tenants=args.tenants,
+                         concurrency=args.concurrency, max_turns=args.max_turns,
+                         kv_budget=args.kv_budget, state_budget=args.state_budget)
+    t0 = time.perf_counter()
+    w = generate(cfg)
+    print(f"workload ({time.perf_counter() - t0:.1f}s to generate): {w.describe()}")
+    print(f"cache: page_size={args.page_size} chunk_size={args.chunk_size}; "
+          f"repeats={args.repeats}; gc={'off' if args.no_gc else 'on'}")
+    overhead = 0 if args.raw_timer else timer_overhead_ns()
+    print(f"timer: empty perf_counter_ns pair = {timer_overhead_ns()} ns "
+          f"({'kept in' if args.raw_timer else 'subtracted from'} every op)")
+
+    for side in SIDES:  # warm-up: imports, torch's first calls, code paths
+        run_side(side, w, args, limit=min(args.warmup, len(w.ops)))
+
+    runs: dict[str, list[Replay]] = {s: [] for s in SIDES}
+    walls: dict[str, list[float]] = {s: [] for s in SIDES}
+    for rep in range(args.repeats):
+        order = SIDES[rep % 3:] + SIDES[: rep % 3]
+        for side in order:
+            t0 = time.perf_counter()
+            runs[side].append(run_side(side, w, args))
+            walls[side].append(time.perf_counter() - t0)
+        up, ours = runs["upstream"][-1], runs["ours_sglang"][-1]
+        if not args.skip_upstream_check:
+            n_checked = check_same(w, up, ours)
+        totals = {s: sum(t for t in runs[s][-1].times if t >= 0) / 1e6 for s in SIDES}
+        print(f"repeat {rep + 1}/{args.repeats}: timed ms " +
+              " ".join(f"{s}={totals[s]:.1f}" for s in SIDES) +
+              ("" if args.skip_upstream_check else
+               f"; ours(compat) == upstream on all {n_checked} ops with a result"))
+
+    n = len(w.ops)
+    med = {s: per_op_median(runs[s], n) for s in SIDES}
+    table = summarise(w, med, overhead)
+    last = {s: runs[s][-1] for s in SIDES}
+    print()
+    print("final tree: " + ", ".join(
+        f"{s}: {last[s].nodes} nodes, sizes(kv ev/prot, st ev/prot)={last[s].sizes}" for s in SIDES))
+    print("matched tokens: " + ", ".join(f"{s}={last[s].matched_tokens}" for s in SIDES))
+    print()
+    print("per-op time, median over repeats per op (µs = microseconds; ratio = sglang / ours):")
+    print_table(table)
+    print()
+    per_rep = {s: [sum(t for t in r.times if t >= 0) / 1e6 for r in runs[s]] for s in SIDES}
+    for side in SIDES[1:]:
+        r = table["all"][f"ratio_{side}"]
+        spread = [u / o for u, o in zip(per_rep["upstream"], per_rep[side])]
+        print(f"{side:>13}: total-time ratio {r['total']:.2f}x "
+              f"(per repeat {min(spread):.2f}-{max(spread):.2f}x), "
+              f"median per-op ratio {r['median_of_per_op']:.2f}x over {r['ops_compared']} ops")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "machine": info,
+            "workload": {**vars(cfg), "n_ops_actual": n, **w.stats},
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "timer_overhead_ns": overhead,
+            "per_type": table,
+            "per_repeat_timed_ms": per_rep,
+            "per_repeat_wall_s": walls,
+        }, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

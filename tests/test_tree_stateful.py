@@ -1,0 +1,437 @@
+"""Hypothesis state machines for `MambaRadixCache` against a plain reference model.
+
+One machine, run in four configurations: compat None / "sglang" x page_size 1 / 4.
+Rules: insert (three ways of passing prev_prefix_len), match, lock, unlock, evict,
+reset. After every step `check_invariants()` runs and the tree is compared with
+the model:
+
+* content: the model keeps, per (namespace, token-prefix) position, the KV index
+  stored there, and the (namespace, path) -> state map; it is updated only from
+  what the tree *reports* (insert prefix_len / state_existed, evict freed_kv /
+  freed_states) and must equal a brute-force walk of the tree;
+* ownership: every KV index and state id ever handed over is in exactly one place
+  (held by the tree, returned to the caller, never taken because it was below
+  prev_prefix_len, or kept by the caller because the state existed), and nothing
+  is returned twice;
+* match results: prefix_len, kv_indices, kv_hit_len and branching_len computed
+  from the model; the default mode's match leaves the tree structure unchanged;
+* locks: protected sizes equal the union of locked paths / the locked states, and
+  eviction never frees a locked position or state;
+* eviction amounts, and in the default mode the exact order in which states go
+  (only inserts and the state a match uses refresh a state, SGLang #31643).
+
+Budget: HYPOTHESIS_PROFILE=ci (default) is quick; HYPOTHESIS_PROFILE=deep runs long.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from mambaradix import LockReceipt, MambaRadixCache, MatchResult
+
+Pos = tuple[Any, tuple[int, ...]]  # (namespace, tokens of the prefix ending at a position)
+
+ALPHABET = st.integers(0, 2)  # few distinct tokens: keys share prefixes and diverge often
+NAMESPACES = st.sampled_from([None, None, None, "lora-a", 7])
+MAX_PAGES = 6
+MAX_LOCKS = 6
+
+if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
+    MACHINE_SETTINGS = settings(max_examples=30, stateful_step_count=35, deadline=None)
+else:  # "deep" (see tests/conftest.py) decides the budget
+    MACHINE_SETTINGS = settings(deadline=None)
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def walk_tree(cache: MambaRadixCache) -> tuple[dict[Pos, int], dict[Pos, int]]:
+    """Brute force: every cached position with its KV index, every state with its path."""
+    kv: dict[Pos, int] = {}
+    states: dict[Pos, int] = {}
+    stack = [(child, child.namespace, ()) for child in cache.root.children.values()]
+    while stack:
+        node, ns, path = stack.pop()
+        for token, index in zip(node.key, node.value, strict=True):
+            path = (*path, token)
+            kv[(ns, path)] = index
+        if node.state is not None:
+            states[(ns, path)] = node.state
+        stack.extend((c, ns, path) for c in node.children.values())
+    return kv, states
+
+
+def path_positions(ns: Any, path: tuple[int, ...]) -> list[Pos]:
+    return [(ns, path[: i + 1]) for i in range(len(path))]
+
+
+class Ledger:
+    """Where every resource handed to the tree went. A resource is in exactly one
+    of: `tree` (the model says the tree holds it), `returned` (freed by insert,
+    evict or reset), `untaken` (below prev_prefix_len / kept because the state
+    already existed)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.handed: set[int] = set()
+        self.tree: set[int] = set()
+        self.returned: set[int] = set()
+        self.untaken: set[int] = set()
+
+    def hand(self, items: list[int]) -> None:
+        assert not self.handed.intersection(items)
+        self.handed.update(items)
+
+    def take(self, items: list[int]) -> None:
+        """The tree took these (they must be fresh and not accounted for yet)."""
+        for x in items:
+            assert x in self.handed and x not in self.tree, f"{self.name} {x} taken twice"
+            assert x not in self.returned and x not in self.untaken, f"{self.name} {x} reused"
+            self.tree.add(x)
+
+    def give_back(self, items: list[int], *, from_tree: bool) -> None:
+        """The caller got these back; from_tree=False: never taken (duplicates)."""
+        assert len(set(items)) == len(items), f"{self.name} returned twice in one call: {items}"
+        for x in items:
+            assert x in self.handed, f"{self.name} {x} was never handed to the tree"
+            assert x not in self.returned, f"{self.name} {x} returned twice"
+            assert (x in self.tree) == from_tree, f"{self.name} {x}: tree-held={x in self.tree}"
+            self.tree.discard(x)
+            self.returned.add(x)
+
+    def leave(self, items: list[int]) -> None:
+        for x in items:
+            assert x in self.handed and x not in self.tree and x not in self.returned
+            self.untaken.add(x)
+
+    def check(self, held: list[int]) -> None:
+        assert len(held) == len(set(held)), f"tree holds a {self.name} twice"
+        assert set(held) == self.tree, f"tree holds {sorted(set(held) ^ self.tree)} unexpectedly"
+        parts = (self.tree, self.returned, self.untaken)
+        assert sum(map(len, parts)) == len(self.handed), f"{self.name} counted twice"
+        assert self.tree | self.returned | self.untaken == self.handed, f"{self.name} lost"
+
+
+# ------------------------------------------------------------------ the machine
+
+
+class TreeMachine(RuleBasedStateMachine):
+    """Random operation sequences on one cache; see the module docstring."""
+
+    COMPAT: str | None = None
+    PAGE = 1
+    CHUNK = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = MambaRadixCache(page_size=self.PAGE, chunk_size=self.CHUNK, compat=self.COMPAT)
+        self.default = self.COMPAT is None
+        self.kv: dict[Pos, int] = {}  # model content: position -> KV index
+        self.where: dict[int, Pos] = {}  # KV index -> position
+        self.states: dict[Pos, int] = {}  # state path -> state id
+        self.state_path: dict[int, Pos] = {}
+        self.stamp: dict[Pos, int] = {}  # default mode: state recency (logical clock)
+        self.clock = 0
+        self.locks: list[tuple[LockReceipt, Pos | None]] = []
+        self.kv_ledger = Ledger("KV index")
+        self.state_ledger = Ledger("state")
+        self.next_kv = 1000
+        self.next_state = 1
+        self.keys: list[list[int]] = [[]]
+
+    # ---------------------------------------------------------------- drawing
+
+    def fresh_kv(self, n: int) -> list[int]:
+        out = list(range(self.next_kv, self.next_kv + n))
+        self.next_kv += n
+        self.kv_ledger.hand(out)
+        return out
+
+    def fresh_state(self) -> int:
+        self.next_state += 1
+        self.state_ledger.hand([self.next_state])
+        return self.next_state
+
+    def draw_key(self, data: st.DataObject, whole_pages: bool) -> list[int]:
+        """An earlier key, cut somewhere, extended by a few tokens."""
+        page = self.PAGE
+        base = data.draw(st.sampled_from(self.keys), label="base")
+        cut = data.draw(st.integers(0, len(base)), label="cut")
+        n_ext = data.draw(st.integers(0, 3), label="ext pages") * page
+        if not whole_pages:
+            n_ext += data.draw(st.integers(0, page - 1), label="ext tokens")
+        ext = data.draw(st.lists(ALPHABET, min_size=n_ext, max_size=n_ext), label="ext")
+        key = (base[:cut] + ext)[: MAX_PAGES * page]
+        if whole_pages:
+            key = key[: len(key) - len(key) % page]
+            if key not in self.keys:
+                self.keys.append(key)
+        return key
+
+    # ------------------------------------------------------------- the model
+
+    def hit_len(self, ns: Any, key: list[int]) -> int:
+        """Longest cached prefix of key, in whole pages."""
+        q = 0
+        while q < len(key) and (ns, tuple(key[: q + 1])) in self.kv:
+            q += 1
+        return q - q % self.PAGE
+
+    def expected_match(self, ns: Any, key: list[int]) -> tuple[int, list[int], int, int | None]:
+        n = len(key) - len(key) % self.PAGE
+        hit = self.hit_len(ns, key[:n])
+        best = max((p for p in range(hit + 1) if (ns, tuple(key[:p])) in self.states), default=0)
+        indices = [self.kv[pos] for pos in path_positions(ns, tuple(key[:best]))]
+        branching = None
+        if hit > best and hit - hit % self.CHUNK > 0:
+            branching = hit - hit % self.CHUNK
+        return best, indices, hit, branching
+
+    def touch(self, pos: Pos) -> None:
+        self.clock += 1
+        self.stamp[pos] = self.clock
+
+    def locked_positions(self) -> set[Pos]:
+        out: set[Pos] = set()
+        for _, pos in self.locks:
+            if pos is not None:
+                out.update(path_positions(*pos))
+        return out
+
+    def locked_states(self) -> set[Pos]:
+        return {pos for _, pos in self.locks if pos is not None}
+
+    def forget(self, freed_kv: list[int], freed_states: list[int]) -> None:
+        for index in freed_kv:
+            del self.kv[self.where.pop(index)]
+        for state in freed_states:
+            pos = self.state_path.pop(state)
+            del self.states[pos]
+            self.stamp.pop(pos, None)
+
+    # ------------------------------------------------------------------ match
+
+    def do_match(self, ns: Any, key: list[int]) -> MatchResult:
+        """match_prefix, checked against the model (and refreshes model recency)."""
+        before = self.cache.pretty()
+        want = self.expected_match(ns, key)
+        r = self.cache.match_prefix(key, extra_key=ns)
+        got = (r.prefix_len, list(r.kv_indices), r.kv_hit_len, r.branching_len)
+        assert got == want, f"match {key} ns={ns!r}: got {got}, model {want}\n{before}"
+        if r.prefix_len:
+            assert r.node.state == self.states[(ns, tuple(key[: r.prefix_len]))]
+            if self.default:
+                self.touch((ns, tuple(key[: r.prefix_len])))
+        else:
+            assert r.node is self.cache.root
+        if self.default:
+            assert self.cache.pretty() == before, "a default-mode match changed the tree"
+        return r
+
+    @rule(data=st.data())
+    def match(self, data: st.DataObject) -> None:
+        self.do_match(data.draw(NAMESPACES, label="ns"), self.draw_key(data, whole_pages=False))
+
+    # ----------------------------------------------------------------- insert
+
+    @rule(data=st.data(), how=st.sampled_from(["prev=0", "prev from match", "prev arbitrary"]))
+    def insert(self, data: st.DataObject, how: str) -> None:
+        ns = data.draw(NAMESPACES, label="ns")
+        key = self.draw_key(data, whole_pages=True)
+        receipt = None
+        if how == "prev from match":
+            # A scheduler: match a prefix of the request, keep the tree's own
+            # indices for [0, prev), compute the rest, insert the whole key.
+            cut = data.draw(st.integers(0, len(key)), label="match cut")
+            m = self.do_match(ns, key[:cut])
+            if data.draw(st.booleans(), label="lock while computing"):
+                receipt = self.cache.inc_lock_ref(m.node)
+            prev = m.prefix_len
+            values = list(m.kv_indices) + self.fresh_kv(len(key) - prev)
+            fresh = values[prev:]
+        else:
+            prev = 0 if how == "prev=0" else data.draw(st.integers(0, len(key)), label="prev")
+            values = fresh = self.fresh_kv(len(key))
+        state = self.fresh_state()
+        want_prefix = self.hit_len(ns, key)
+        want_existed = (ns, tuple(key)) in self.states or not key
+
+        r = self.cache.insert(key, values, state, prev_prefix_len=prev, extra_key=ns)
+        if receipt is not None:
+            self.cache.dec_lock_ref(receipt)
+
+        assert (r.prefix_len, r.state_existed) == (want_prefix, want_existed), (key, ns, r)
+        p = r.prefix_len
+        assert list(r.freed_kv) == values[prev:p], f"freed {list(r.freed_kv)}, prev={prev} p={p}"
+        self.kv_ledger.give_back(list(r.freed_kv), from_tree=False)
+        self.kv_ledger.leave([v for v in values[: min(prev, p)] if v in fresh])
+        self.kv_ledger.take(values[p:])
+        for i in range(p, len(key)):
+            pos = (ns, tuple(key[: i + 1]))
+            self.kv[pos] = values[i]
+            self.where[values[i]] = pos
+        if r.state_existed:
+            self.state_ledger.leave([state])  # the caller keeps it
+        else:
+            pos = (ns, tuple(key))
+            self.states[pos] = state
+            self.state_path[state] = pos
+            self.state_ledger.take([state])
+            self.touch(pos)
+
+    # ------------------------------------------------------------------ locks
+
+    @precondition(lambda self: len(self.locks) < MAX_LOCKS)
+    @rule(data=st.data())
+    def lock(self, data: st.DataObject) -> None:
+        ns = data.draw(NAMESPACES, label="ns")
+        key = self.draw_key(data, whole_pages=False)
+        m = self.do_match(ns, key)
+        receipt = self.cache.inc_lock_ref(m.node)
+        assert receipt.state_locked == (m.prefix_len > 0)
+        self.locks.append((receipt, (ns, tuple(key[: m.prefix_len])) if m.prefix_len else None))
+
+    @precondition(lambda self: self.locks)
+    @rule(data=st.data())
+    def unlock(self, data: st.DataObject) -> None:
+        i = data.draw(st.integers(0, len(self.locks) - 1), label="which lock")
+        receipt, _ = self.locks.pop(i)
+        if data.draw(st.booleans(), label="by node"):
+            self.cache.dec_lock_ref(receipt.node)  # SGLang-style release by node
+        else:
+            self.cache.dec_lock_ref(receipt)
+            assert not receipt.active
+
+    # ---------------------------------------------------------------- evict
+
+    @rule(
+        kv_tokens=st.sampled_from([0, 0, 1, 3, 8, 40]),
+        states=st.sampled_from([0, 0, 1, 2, 5]),
+    )
+    def evict(self, kv_tokens: int, states: int) -> None:
+        c = self.cache
+        kv_evictable, st_evictable = c.full_evictable_size(), c.state_evictable_size()
+        protected = (c.full_protected_size(), c.state_protected_size())
+        locked_pos, locked_st = self.locked_positions(), self.locked_states()
+        unlocked_by_age = sorted(
+            (pos for pos in self.states if pos not in locked_st), key=self.stamp.__getitem__
+        )
+
+        r = c.evict(kv_tokens=kv_tokens, states=states)
+        freed_kv, freed_states = list(r.freed_kv), list(r.freed_states)
+
+        # nothing locked goes, and everything freed was evictable
+        assert not {self.where[i] for i in freed_kv} & locked_pos, "a locked KV was evicted"
+        assert not {self.state_path[s] for s in freed_states} & locked_st, "a locked state went"
+        assert (c.full_protected_size(), c.state_protected_size()) == protected
+        assert len(freed_kv) == kv_evictable - c.full_evictable_size()
+        assert len(freed_states) == st_evictable - c.state_evictable_size()
+        # amounts: KV eviction stops only when satisfied or when no unlocked leaf is left
+        assert r.kv_tokens <= len(freed_kv)
+        if kv_tokens == 0:
+            assert r.kv_tokens == 0
+        else:
+            assert r.kv_tokens >= min(kv_tokens, kv_evictable), (r, kv_evictable)
+            if r.kv_tokens < kv_tokens:
+                assert c.full_evictable_size() == 0, "KV eviction stopped with leaves left"
+        kv_phase_states = len(freed_states) - r.states
+        assert kv_phase_states >= 0
+        assert r.states == min(states, st_evictable - kv_phase_states), (r, st_evictable)
+        if self.default:  # the least recently *used* unlocked states go first
+            gone = set(freed_states[:kv_phase_states])
+            remaining = [pos for pos in unlocked_by_age if self.states[pos] not in gone]
+            want = [self.states[pos] for pos in remaining[: r.states]]
+            assert freed_states[kv_phase_states:] == want, (freed_states, want)
+
+        self.kv_ledger.give_back(freed_kv, from_tree=True)
+        self.state_ledger.give_back(freed_states, from_tree=True)
+        self.forget(freed_kv, freed_states)
+
+    # ------------------------------------------------------------------ reset
+
+    @rule(go=st.integers(0, 7))
+    def reset(self, go: int) -> None:
+        """Rarely (1 in 8): reset, which must refuse while locks are held."""
+        if go:
+            return
+        if self.locks and all(pos is None for _, pos in self.locks):
+            # Root receipts protect nothing, so reset() accepts them, but they cannot be
+            # released afterwards (see test_root_receipt_survives_reset in
+            # test_tree_bad_input.py): release them first.
+            for receipt, _ in self.locks:
+                self.cache.dec_lock_ref(receipt)
+            self.locks.clear()
+        if self.locks:
+            before = self.cache.pretty()
+            with pytest.raises(RuntimeError, match="lock"):
+                self.cache.reset()
+            assert self.cache.pretty() == before
+            return
+        r = self.cache.reset()
+        assert sorted(r.freed_kv) == sorted(self.kv.values())
+        assert sorted(r.freed_states) == sorted(self.states.values())
+        self.kv_ledger.give_back(list(r.freed_kv), from_tree=True)
+        self.state_ledger.give_back(list(r.freed_states), from_tree=True)
+        self.forget(list(r.freed_kv), list(r.freed_states))
+        assert self.cache.node_count() == 0
+
+    # ------------------------------------------------------------- invariants
+
+    @invariant()
+    def tree_invariants(self) -> None:
+        self.cache.check_invariants()
+
+    @invariant()
+    def tree_equals_model(self) -> None:
+        kv, states = walk_tree(self.cache)
+        assert kv == self.kv, "tree content differs from what its results reported"
+        assert states == self.states
+        self.kv_ledger.check(list(self.cache.all_kv_indices()))
+        self.state_ledger.check(self.cache.all_states())
+
+    @invariant()
+    def sizes_match_locks(self) -> None:
+        c = self.cache
+        locked_pos, locked_st = self.locked_positions(), self.locked_states()
+        assert locked_pos <= self.kv.keys() and locked_st <= self.states.keys()
+        assert c.full_protected_size() == len(locked_pos)
+        assert c.state_protected_size() == len(locked_st)
+        assert c.full_evictable_size() + c.full_protected_size() == len(self.kv)
+        assert c.state_evictable_size() + c.state_protected_size() == len(self.states)
+        assert c.total_size() == (len(self.kv), len(self.states))
+        # each locked node's state lock = the receipts held on it
+        held = Counter(pos for _, pos in self.locks if pos is not None)
+        for receipt, pos in self.locks:
+            if pos is not None:
+                assert receipt.node.st.lock == held[pos]
+
+    def teardown(self) -> None:
+        """Release every lock: the tree must end with nothing protected."""
+        for receipt, _ in self.locks:
+            self.cache.dec_lock_ref(receipt)
+        self.locks.clear()
+        self.cache.check_invariants()
+        assert self.cache.full_protected_size() == self.cache.state_protected_size() == 0
+
+
+# --------------------------------------------------------- four configurations
+
+
+def _machine(compat: str | None, page: int, chunk: int) -> type[TreeMachine]:
+    name = f"Tree{'Sglang' if compat else 'Default'}Page{page}"
+    machine = type(name, (TreeMachine,), {"COMPAT": compat, "PAGE": page, "CHUNK": chunk})
+    machine.TestCase.settings = MACHINE_SETTINGS
+    return machine
+
+
+TestDefaultPage1 = _machine(None, 1, 4).TestCase
+TestDefaultPage4 = _machine(None, 4, 8).TestCase
+TestSglangPage1 = _machine("sglang", 1, 4).TestCase
+TestSglangPage4 = _machine("sglang", 4, 8).TestCase
