@@ -68,8 +68,9 @@ def _cmp_match(step: int, a: Any, b: Any) -> None:
     _same("match branching_len", step, a.branching_len, b.branching_len)
 
 
-def run_differential(ours: Any, theirs: Any, seed: int, n_ops: int, page_size: int,
-                     check_every: int = 0) -> dict[str, int]:
+def run_differential(
+    ours: Any, theirs: Any, seed: int, n_ops: int, page_size: int, check_every: int = 0
+) -> dict[str, int]:
     """Drive both caches through `n_ops` seeded operations; return op counts."""
     s = OpStream(seed, page_size)
     rng = s.rng
@@ -85,12 +86,18 @@ def run_differential(ours: Any, theirs: Any, seed: int, n_ops: int, page_size: i
             kv, state = s.fresh_kv(len(key)), s.fresh_state()
             a = ours.insert(key, kv, state, prev_prefix_len=prev, extra_key=ns)
             b = theirs.insert(key, kv, state, prev_prefix_len=prev, extra_key=ns)
-            _same("insert", step, (a.prefix_len, a.state_existed, list(a.freed_kv)),
-                  (b.prefix_len, b.state_existed, list(b.freed_kv)))
+            _same(
+                "insert",
+                step,
+                (a.prefix_len, a.state_existed, list(a.freed_kv)),
+                (b.prefix_len, b.state_existed, list(b.freed_kv)),
+            )
         elif r < 0.70:
             counts["match"] += 1
             key = s.key(aligned=False)
-            _cmp_match(step, ours.match_prefix(key, extra_key=ns), theirs.match_prefix(key, extra_key=ns))
+            _cmp_match(
+                step, ours.match_prefix(key, extra_key=ns), theirs.match_prefix(key, extra_key=ns)
+            )
         elif r < 0.80:
             counts["lock"] += 1
             key = s.key(aligned=False)
@@ -106,9 +113,16 @@ def run_differential(ours: Any, theirs: Any, seed: int, n_ops: int, page_size: i
             counts["evict"] += 1
             kv_n = rng.choice((0, 0, 1, 3, 10, 40, 200))
             st_n = rng.choice((0, 0, 1, 2, 5, 20))
-            a, b = ours.evict(kv_tokens=kv_n, states=st_n), theirs.evict(kv_tokens=kv_n, states=st_n)
-            _same("evict", step, (a.kv_tokens, a.states, list(a.freed_kv), a.freed_states),
-                  (b.kv_tokens, b.states, list(b.freed_kv), b.freed_states))
+            a, b = (
+                ours.evict(kv_tokens=kv_n, states=st_n),
+                theirs.evict(kv_tokens=kv_n, states=st_n),
+            )
+            _same(
+                "evict",
+                step,
+                (a.kv_tokens, a.states, list(a.freed_kv), a.freed_states),
+                (b.kv_tokens, b.states, list(b.freed_kv), b.freed_states),
+            )
         _same("sizes", step, _sizes(ours), _sizes(theirs))
         if check_every and step % check_every == 0:
             ours.check_invariants()
@@ -123,8 +137,12 @@ def run_differential(ours: Any, theirs: Any, seed: int, n_ops: int, page_size: i
 
 
 def _sizes(c: Any) -> tuple[int, int, int, int]:
-    return (c.full_evictable_size(), c.full_protected_size(),
-            c.state_evictable_size(), c.state_protected_size())
+    return (
+        c.full_evictable_size(),
+        c.full_protected_size(),
+        c.state_evictable_size(),
+        c.state_protected_size(),
+    )
 
 
 def kv_array(xs: list[int]) -> array[int]:

@@ -35,8 +35,13 @@ class Job:
     extra_key: object = None
 
 
-def make_manager(kv_tokens: int, state_slots: int, rows: int = 8, compat: str | None = None,
-                 max_context: int = 4096) -> tuple[CacheManager, FingerprintStatePool]:
+def make_manager(
+    kv_tokens: int,
+    state_slots: int,
+    rows: int = 8,
+    compat: str | None = None,
+    max_context: int = 4096,
+) -> tuple[CacheManager, FingerprintStatePool]:
     pool = FingerprintStatePool(state_slots)
     mgr = CacheManager(
         MambaRadixCache(page_size=1, chunk_size=16, compat=compat),
@@ -71,14 +76,28 @@ def _state_nodes(node: TreeNode, path: array[int]):  # type: ignore[no-untyped-d
 class Simulator:
     """Interleaves many requests; every event is followed by a full check."""
 
-    def __init__(self, mgr: CacheManager, pool: FingerprintStatePool, seed: int, chunk: int = 16,
-                 abort_rate: float = 0.03, check: bool = True) -> None:
+    def __init__(
+        self,
+        mgr: CacheManager,
+        pool: FingerprintStatePool,
+        seed: int,
+        chunk: int = 16,
+        abort_rate: float = 0.03,
+        check: bool = True,
+    ) -> None:
         self.mgr, self.pool, self.chunk = mgr, pool, chunk
         self.rng = random.Random(seed)
         self.abort_rate = abort_rate
         self.check = check
-        self.stats = {"admitted": 0, "finished": 0, "aborted": 0, "retracted": 0, "refused": 0,
-                      "prompt_tokens": 0, "cached_tokens": 0}
+        self.stats = {
+            "admitted": 0,
+            "finished": 0,
+            "aborted": 0,
+            "retracted": 0,
+            "refused": 0,
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+        }
 
     def run(self, jobs: list[Job], max_running: int = 4) -> dict[str, int]:
         waiting = deque(jobs)
@@ -138,8 +157,9 @@ class Simulator:
             self.mgr.cache_unfinished(req)
 
 
-def multi_turn_jobs(seed: int, sessions: int, turns: int, system_len: int = 40,
-                    vocab: int = 50) -> list[Job]:
+def multi_turn_jobs(
+    seed: int, sessions: int, turns: int, system_len: int = 40, vocab: int = 50
+) -> list[Job]:
     """Sessions sharing a few system prompts; each turn's prompt is the whole
     history (previous prompt + answer + a new user message). Turns of
     different sessions interleave; some prompts are re-sent verbatim."""

@@ -22,7 +22,9 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("page_size,chunk_size,seeds,n_ops", CONFIGS)
-def test_same_decisions_as_sglang(page_size: int, chunk_size: int, seeds: range, n_ops: int) -> None:
+def test_same_decisions_as_sglang(
+    page_size: int, chunk_size: int, seeds: range, n_ops: int
+) -> None:
     total = 0
     for seed in seeds:
         ours = MambaRadixCache(page_size=page_size, chunk_size=chunk_size, compat="sglang")

@@ -125,7 +125,8 @@ def test_default_hits_more_than_sglang_on_multi_turn() -> None:
     for compat in (None, "sglang"):
         mgr, pool = make_manager(kv_tokens=5000, state_slots=64, rows=4, compat=compat)
         stats = Simulator(mgr, pool, seed=1, abort_rate=0.0, check=False).run(
-            multi_turn_jobs(1, sessions=4, turns=6), max_running=2)
+            multi_turn_jobs(1, sessions=4, turns=6), max_running=2
+        )
         rates[compat] = stats["cached_tokens"] / stats["prompt_tokens"]
     assert rates[None] > rates["sglang"] > 0
 

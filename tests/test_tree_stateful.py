@@ -36,7 +36,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from mambaradix import LockReceipt, MambaRadixCache, MatchResult
 
-Pos = tuple[Any, tuple[int, ...]]  # (namespace, tokens of the prefix ending at a position)
+# A cached KV position: (namespace, the key up to the end of the page holding it, index).
+# Whole pages are shared or not at all, so a position is named by its whole page.
+Pos = tuple[Any, tuple[int, ...], int]
+Path = tuple[Any, tuple[int, ...]]  # (namespace, tokens): where a state sits
 
 ALPHABET = st.integers(0, 2)  # few distinct tokens: keys share prefixes and diverge often
 NAMESPACES = st.sampled_from([None, None, None, "lora-a", 7])
@@ -44,7 +47,7 @@ MAX_PAGES = 6
 MAX_LOCKS = 6
 
 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
-    MACHINE_SETTINGS = settings(max_examples=30, stateful_step_count=35, deadline=None)
+    MACHINE_SETTINGS = settings(max_examples=150, stateful_step_count=50, deadline=None)
 else:  # "deep" (see tests/conftest.py) decides the budget
     MACHINE_SETTINGS = settings(deadline=None)
 
@@ -52,24 +55,30 @@ else:  # "deep" (see tests/conftest.py) decides the budget
 # --------------------------------------------------------------------- helpers
 
 
-def walk_tree(cache: MambaRadixCache) -> tuple[dict[Pos, int], dict[Pos, int]]:
-    """Brute force: every cached position with its KV index, every state with its path."""
+def positions(ns: Any, key: Any, n: int, page: int) -> list[Pos]:
+    """The positions of key[:n] (n whole pages)."""
+    key = tuple(key)
+    return [(ns, key[: (i // page + 1) * page], i) for i in range(n)]
+
+
+def walk_tree(cache: MambaRadixCache) -> tuple[dict[Pos, int], dict[Path, int]]:
+    """Brute force: every cached position with its KV index, every state with its path.
+    (Every edge is whole pages here: inserted keys are, and splits are page-aligned.)"""
     kv: dict[Pos, int] = {}
-    states: dict[Pos, int] = {}
+    states: dict[Path, int] = {}
     stack = [(child, child.namespace, ()) for child in cache.root.children.values()]
     while stack:
-        node, ns, path = stack.pop()
-        for token, index in zip(node.key, node.value, strict=True):
-            path = (*path, token)
-            kv[(ns, path)] = index
+        node, ns, parent_path = stack.pop()
+        path = (*parent_path, *node.key)
+        for pos, index in zip(
+            positions(ns, path, len(path), cache.page_size)[len(parent_path) :], node.value,
+            strict=True,
+        ):
+            kv[pos] = index
         if node.state is not None:
             states[(ns, path)] = node.state
         stack.extend((c, ns, path) for c in node.children.values())
     return kv, states
-
-
-def path_positions(ns: Any, path: tuple[int, ...]) -> list[Pos]:
-    return [(ns, path[: i + 1]) for i in range(len(path))]
 
 
 class Ledger:
@@ -135,11 +144,11 @@ class TreeMachine(RuleBasedStateMachine):
         self.default = self.COMPAT is None
         self.kv: dict[Pos, int] = {}  # model content: position -> KV index
         self.where: dict[int, Pos] = {}  # KV index -> position
-        self.states: dict[Pos, int] = {}  # state path -> state id
-        self.state_path: dict[int, Pos] = {}
-        self.stamp: dict[Pos, int] = {}  # default mode: state recency (logical clock)
+        self.states: dict[Path, int] = {}  # state path -> state id
+        self.state_path: dict[int, Path] = {}
+        self.stamp: dict[Path, int] = {}  # default mode: state recency (logical clock)
         self.clock = 0
-        self.locks: list[tuple[LockReceipt, Pos | None]] = []
+        self.locks: list[tuple[LockReceipt, Path | None]] = []  # None: the root
         self.kv_ledger = Ledger("KV index")
         self.state_ledger = Ledger("state")
         self.next_kv = 1000
@@ -177,24 +186,27 @@ class TreeMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------- the model
 
+    def positions(self, ns: Any, key: Any, n: int) -> list[Pos]:
+        return positions(ns, key, n, self.PAGE)
+
     def hit_len(self, ns: Any, key: list[int]) -> int:
         """Longest cached prefix of key, in whole pages."""
-        q = 0
-        while q < len(key) and (ns, tuple(key[: q + 1])) in self.kv:
-            q += 1
-        return q - q % self.PAGE
+        page, q = self.PAGE, 0
+        while q + page <= len(key) and (ns, tuple(key[: q + page]), q) in self.kv:
+            q += page
+        return q
 
     def expected_match(self, ns: Any, key: list[int]) -> tuple[int, list[int], int, int | None]:
         n = len(key) - len(key) % self.PAGE
         hit = self.hit_len(ns, key[:n])
         best = max((p for p in range(hit + 1) if (ns, tuple(key[:p])) in self.states), default=0)
-        indices = [self.kv[pos] for pos in path_positions(ns, tuple(key[:best]))]
+        indices = [self.kv[pos] for pos in self.positions(ns, key, best)]
         branching = None
         if hit > best and hit - hit % self.CHUNK > 0:
             branching = hit - hit % self.CHUNK
         return best, indices, hit, branching
 
-    def touch(self, pos: Pos) -> None:
+    def touch(self, pos: Path) -> None:
         self.clock += 1
         self.stamp[pos] = self.clock
 
@@ -202,10 +214,10 @@ class TreeMachine(RuleBasedStateMachine):
         out: set[Pos] = set()
         for _, pos in self.locks:
             if pos is not None:
-                out.update(path_positions(*pos))
+                out.update(self.positions(*pos, len(pos[1])))
         return out
 
-    def locked_states(self) -> set[Pos]:
+    def locked_states(self) -> set[Path]:
         return {pos for _, pos in self.locks if pos is not None}
 
     def forget(self, freed_kv: list[int], freed_states: list[int]) -> None:
@@ -273,10 +285,9 @@ class TreeMachine(RuleBasedStateMachine):
         self.kv_ledger.give_back(list(r.freed_kv), from_tree=False)
         self.kv_ledger.leave([v for v in values[: min(prev, p)] if v in fresh])
         self.kv_ledger.take(values[p:])
-        for i in range(p, len(key)):
-            pos = (ns, tuple(key[: i + 1]))
-            self.kv[pos] = values[i]
-            self.where[values[i]] = pos
+        for pos, index in zip(self.positions(ns, key, len(key))[p:], values[p:], strict=True):
+            self.kv[pos] = index
+            self.where[index] = pos
         if r.state_existed:
             self.state_ledger.leave([state])  # the caller keeps it
         else:
