@@ -7,10 +7,10 @@ branching lengths, freed KV and states, evicted counts, the four size counters.
 from __future__ import annotations
 
 import pytest
-from differential import run_differential
-from upstream_sglang import UpstreamCache
 
+from differential import run_differential
 from mambaradix import MambaRadixCache
+from upstream_sglang import UpstreamCache
 
 # (page_size, chunk_size, seeds, ops per seed): 10**5+ operations in total.
 CONFIGS = [

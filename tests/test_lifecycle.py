@@ -6,6 +6,7 @@ from __future__ import annotations
 from array import array
 
 import pytest
+
 from lifecycle_sim import (
     Job,
     Simulator,
@@ -13,7 +14,6 @@ from lifecycle_sim import (
     make_manager,
     multi_turn_jobs,
 )
-
 from mambaradix.lifecycle import Request
 from mambaradix.sim import serve_request as run_request
 
