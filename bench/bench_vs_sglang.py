@@ -30,7 +30,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from drivers import Replay, replay_ours, replay_upstream, timer_overhead_ns  # noqa: E402
+from drivers import (
+    Replay,
+    replay_ours,
+    replay_upstream,
+    set_torch_threads,
+    timer_overhead_ns,
+    warm_allocator,
+)  # noqa: E402
 from workload import OP_NAMES, Workload, WorkloadConfig, generate  # noqa: E402
 
 SIDES = ("upstream", "ours_sglang", "ours_default")
@@ -74,7 +81,9 @@ def run_side(side: str, w: Workload, args: argparse.Namespace, limit: int | None
 
 def check_same(w: Workload, a: Replay, b: Replay) -> int:
     """Assert ours(compat="sglang") decided exactly what upstream decided; returns ops compared."""
-    bad = [i for i in range(len(w.ops)) if a.sig[i] != b.sig[i] or (a.times[i] < 0) != (b.times[i] < 0)]
+    bad = [
+        i for i in range(len(w.ops)) if a.sig[i] != b.sig[i] or (a.times[i] < 0) != (b.times[i] < 0)
+    ]
     if bad:
         i = bad[0]
         raise AssertionError(
@@ -104,8 +113,11 @@ def summarise(w: Workload, times: dict[str, array[int]], overhead: int) -> dict[
     for kind in (*OP_NAMES, "all"):
         row: dict[str, Any] = {}
         for side in SIDES:
-            xs = [t - overhead for t, k in zip(times[side], kinds)
-                  if t >= 0 and (kind == "all" or k == kind)]
+            xs = [
+                t - overhead
+                for t, k in zip(times[side], kinds, strict=True)
+                if t >= 0 and (kind == "all" or k == kind)
+            ]
             if not xs:
                 continue
             row[side] = {
@@ -117,9 +129,11 @@ def summarise(w: Workload, times: dict[str, array[int]], overhead: int) -> dict[
         for side in SIDES[1:]:
             if "upstream" not in row or side not in row:
                 continue
-            ratios = [(u - overhead) / max(o - overhead, 1)
-                      for u, o, k in zip(times["upstream"], times[side], kinds)
-                      if u >= 0 and o >= 0 and (kind == "all" or k == kind)]
+            ratios = [
+                (u - overhead) / max(o - overhead, 1)
+                for u, o, k in zip(times["upstream"], times[side], kinds, strict=True)
+                if u >= 0 and o >= 0 and (kind == "all" or k == kind)
+            ]
             row[f"ratio_{side}"] = {
                 "total": row["upstream"]["total_ms"] / row[side]["total_ms"],
                 "median_of_per_op": statistics.median(ratios) if ratios else float("nan"),
@@ -143,18 +157,40 @@ def print_table(table: dict[str, Any]) -> None:
         cells = []
         for s in SIDES:
             r = row.get(s)
-            cells.append(" " * 36 if r is None else
-                         f"{r['median_us']:>20.2f} {r['mean_us']:>8.2f} {r['total_ms']:>7.1f}")
+            cells.append(
+                " " * 36
+                if r is None
+                else f"{r['median_us']:>20.2f} {r['mean_us']:>8.2f} {r['total_ms']:>7.1f}"
+            )
         line += " | ".join(cells)
         for s in SIDES[1:]:
             r = row.get(f"ratio_{s}")
-            line += " | " + ("" if r is None else
-                             f"{r['total']:>16.2f}x {r['median_of_per_op']:>5.2f}x")
+            line += " | " + (
+                "" if r is None else f"{r['total']:>16.2f}x {r['median_of_per_op']:>5.2f}x"
+            )
         print(line)
 
 
+def profile(w: Workload, args: argparse.Namespace, sides: tuple[str, ...]) -> None:
+    """cProfile one replay per side; top functions by own time (the replay loop itself is the
+    bench's driver: its own time is input building, not cache work)."""
+    import cProfile
+    import pstats
+
+    for side in sides:
+        prof = cProfile.Profile()
+        prof.enable()
+        run_side(side, w, args)
+        prof.disable()
+        print(f"\n=== cProfile: {side} (top {args.profile} by own time) ===")
+        stats = pstats.Stats(prof)
+        stats.strip_dirs().sort_stats("tottime").print_stats(args.profile)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ops", type=int, default=40_000, help="ops in the sequence (approximate)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -166,28 +202,66 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-turns", type=int, default=8)
     ap.add_argument("--kv-budget", type=int, default=120_000)
     ap.add_argument("--state-budget", type=int, default=192)
+    ap.add_argument(
+        "--cut-frac",
+        type=float,
+        default=0.25,
+        help="share of steps that are random-cut prefix probes",
+    )
     ap.add_argument("--no-gc", action="store_true", help="disable the cyclic GC during replays")
-    ap.add_argument("--raw-timer", action="store_true",
-                    help="do not subtract the empty perf_counter_ns pair's cost from each op")
+    ap.add_argument(
+        "--raw-timer",
+        action="store_true",
+        help="do not subtract the empty perf_counter_ns pair's cost from each op",
+    )
     ap.add_argument("--warmup", type=int, default=3000, help="ops replayed per side before timing")
     ap.add_argument("--skip-upstream-check", action="store_true")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after timing, cProfile one replay of each of our modes; print the top N functions",
+    )
+    ap.add_argument(
+        "--profile-upstream", action="store_true", help="with --profile, profile upstream too"
+    )
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for upstream's tensors (0: torch's default)",
+    )
     args = ap.parse_args(argv)
+    warm_allocator()
+    set_torch_threads(args.torch_threads)
     if args.page_size != 1:
         ap.error("the workload's keys are not page-aligned; use --page-size 1")
 
     info = machine()
     print("machine: " + ", ".join(f"{k}={v}" for k, v in info.items()))
-    cfg = WorkloadConfig(seed=args.seed, n_ops=args.ops, tenants=args.tenants,
-                         concurrency=args.concurrency, max_turns=args.max_turns,
-                         kv_budget=args.kv_budget, state_budget=args.state_budget)
+    cfg = WorkloadConfig(
+        seed=args.seed,
+        n_ops=args.ops,
+        tenants=args.tenants,
+        concurrency=args.concurrency,
+        max_turns=args.max_turns,
+        kv_budget=args.kv_budget,
+        state_budget=args.state_budget,
+        p_cut_match=args.cut_frac,
+    )
     t0 = time.perf_counter()
     w = generate(cfg)
     print(f"workload ({time.perf_counter() - t0:.1f}s to generate): {w.describe()}")
-    print(f"cache: page_size={args.page_size} chunk_size={args.chunk_size}; "
-          f"repeats={args.repeats}; gc={'off' if args.no_gc else 'on'}")
+    print(
+        f"cache: page_size={args.page_size} chunk_size={args.chunk_size}; "
+        f"repeats={args.repeats}; gc={'off' if args.no_gc else 'on'}"
+    )
     overhead = 0 if args.raw_timer else timer_overhead_ns()
-    print(f"timer: empty perf_counter_ns pair = {timer_overhead_ns()} ns "
-          f"({'kept in' if args.raw_timer else 'subtracted from'} every op)")
+    print(
+        f"timer: empty perf_counter_ns pair = {timer_overhead_ns()} ns "
+        f"({'kept in' if args.raw_timer else 'subtracted from'} every op)"
+    )
 
     for side in SIDES:  # warm-up: imports, torch's first calls, code paths
         run_side(side, w, args, limit=min(args.warmup, len(w.ops)))
@@ -195,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[Replay]] = {s: [] for s in SIDES}
     walls: dict[str, list[float]] = {s: [] for s in SIDES}
     for rep in range(args.repeats):
-        order = SIDES[rep % 3:] + SIDES[: rep % 3]
+        order = SIDES[rep % 3 :] + SIDES[: rep % 3]
         for side in order:
             t0 = time.perf_counter()
             runs[side].append(run_side(side, w, args))
@@ -204,19 +278,33 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_upstream_check:
             n_checked = check_same(w, up, ours)
         totals = {s: sum(t for t in runs[s][-1].times if t >= 0) / 1e6 for s in SIDES}
-        print(f"repeat {rep + 1}/{args.repeats}: timed ms " +
-              " ".join(f"{s}={totals[s]:.1f}" for s in SIDES) +
-              ("" if args.skip_upstream_check else
-               f"; ours(compat) == upstream on all {n_checked} ops with a result"))
+        print(
+            f"repeat {rep + 1}/{args.repeats}: timed ms "
+            + " ".join(f"{s}={totals[s]:.1f}" for s in SIDES)
+            + (
+                ""
+                if args.skip_upstream_check
+                else f"; ours(compat) == upstream on all {n_checked} ops with a result"
+            )
+        )
 
     n = len(w.ops)
     med = {s: per_op_median(runs[s], n) for s in SIDES}
     table = summarise(w, med, overhead)
     last = {s: runs[s][-1] for s in SIDES}
     print()
-    print("final tree: " + ", ".join(
-        f"{s}: {last[s].nodes} nodes, sizes(kv ev/prot, st ev/prot)={last[s].sizes}" for s in SIDES))
+    print(
+        "final tree: "
+        + ", ".join(
+            f"{s}: {last[s].nodes} nodes, sizes(kv ev/prot, st ev/prot)={last[s].sizes}"
+            for s in SIDES
+        )
+    )
     print("matched tokens: " + ", ".join(f"{s}={last[s].matched_tokens}" for s in SIDES))
+    print(
+        "mean depth (nodes) of a locked node: "
+        + ", ".join(f"{s}={last[s].lock_depth / max(last[s].locks, 1):.1f}" for s in SIDES)
+    )
     print()
     print("per-op time, median over repeats per op (µs = microseconds; ratio = sglang / ours):")
     print_table(table)
@@ -224,20 +312,31 @@ def main(argv: list[str] | None = None) -> int:
     per_rep = {s: [sum(t for t in r.times if t >= 0) / 1e6 for r in runs[s]] for s in SIDES}
     for side in SIDES[1:]:
         r = table["all"][f"ratio_{side}"]
-        spread = [u / o for u, o in zip(per_rep["upstream"], per_rep[side])]
-        print(f"{side:>13}: total-time ratio {r['total']:.2f}x "
-              f"(per repeat {min(spread):.2f}-{max(spread):.2f}x), "
-              f"median per-op ratio {r['median_of_per_op']:.2f}x over {r['ops_compared']} ops")
+        spread = [u / o for u, o in zip(per_rep["upstream"], per_rep[side], strict=True)]
+        print(
+            f"{side:>13}: total-time ratio {r['total']:.2f}x "
+            f"(per repeat {min(spread):.2f}-{max(spread):.2f}x), "
+            f"median per-op ratio {r['median_of_per_op']:.2f}x over {r['ops_compared']} ops"
+        )
+    if args.profile:
+        profile(w, args, ("upstream", *SIDES[1:]) if args.profile_upstream else SIDES[1:])
     if args.json:
-        args.json.write_text(json.dumps({
-            "machine": info,
-            "workload": {**vars(cfg), "n_ops_actual": n, **w.stats},
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "timer_overhead_ns": overhead,
-            "per_type": table,
-            "per_repeat_timed_ms": per_rep,
-            "per_repeat_wall_s": walls,
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": info,
+                    "workload": {**vars(cfg), "n_ops_actual": n, **w.stats},
+                    "args": {
+                        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                    },
+                    "timer_overhead_ns": overhead,
+                    "per_type": table,
+                    "per_repeat_timed_ms": per_rep,
+                    "per_repeat_wall_s": walls,
+                },
+                indent=2,
+            )
+        )
         print(f"wrote {args.json}")
     return 0
 

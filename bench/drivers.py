@@ -23,7 +23,7 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
-from workload import EVICT_CHECK, INSERT, LOCK, MATCH, UNLOCK, Workload
+from workload import INSERT, LOCK, MATCH, UNLOCK, Workload
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "tests") not in sys.path:
@@ -42,6 +42,7 @@ class UpstreamDirect:
 
     def __init__(self, page_size: int = 1, chunk_size: int = 64) -> None:
         import torch
+
         import upstream_sglang as us
 
         us.load_upstream()
@@ -94,8 +95,12 @@ class UpstreamDirect:
 
     def sizes(self) -> tuple[int, int, int, int]:
         c = self.inner
-        return (c.full_evictable_size_, c.full_protected_size_,
-                c.mamba_evictable_size_, c.mamba_protected_size_)
+        return (
+            c.full_evictable_size_,
+            c.full_protected_size_,
+            c.mamba_evictable_size_,
+            c.mamba_protected_size_,
+        )
 
     def node_count(self) -> int:
         return len(self.inner.full_lru_list.cache)
@@ -111,10 +116,13 @@ class Replay:
         self.nodes = 0
         self.matched_tokens = 0
         self.kv_hit_tokens = 0
+        self.lock_depth = 0  # sum over locks of the locked node's depth (nodes below root)
+        self.locks = 0
 
 
-def replay_upstream(w: Workload, page_size: int = 1, chunk_size: int = 64,
-                    limit: int | None = None) -> Replay:
+def replay_upstream(
+    w: Workload, page_size: int = 1, chunk_size: int = 64, limit: int | None = None
+) -> Replay:
     d = UpstreamDirect(page_size, chunk_size)
     torch = d.torch
     inner = d.inner
@@ -151,6 +159,10 @@ def replay_upstream(w: Workload, page_size: int = 1, chunk_size: int = 64,
             inc_lock_ref(node)
             t1 = perf_counter_ns()
             handles[op[2]] = node
+            out.locks += 1
+            while node.parent is not None:
+                out.lock_depth += 1
+                node = node.parent
         elif code == UNLOCK:
             node = handles[op[1]]
             t0 = perf_counter_ns()
@@ -190,8 +202,13 @@ def replay_upstream(w: Workload, page_size: int = 1, chunk_size: int = 64,
     return out
 
 
-def replay_ours(w: Workload, compat: str | None, page_size: int = 1, chunk_size: int = 64,
-                limit: int | None = None) -> Replay:
+def replay_ours(
+    w: Workload,
+    compat: str | None,
+    page_size: int = 1,
+    chunk_size: int = 64,
+    limit: int | None = None,
+) -> Replay:
     from mambaradix import MambaRadixCache
 
     cache = MambaRadixCache(page_size=page_size, chunk_size=chunk_size, compat=compat)
@@ -228,6 +245,10 @@ def replay_ours(w: Workload, compat: str | None, page_size: int = 1, chunk_size:
             receipt = inc_lock_ref(node)
             t1 = perf_counter_ns()
             handles[op[2]] = receipt
+            out.locks += 1
+            while node.parent is not None:
+                out.lock_depth += 1
+                node = node.parent
         elif code == UNLOCK:
             receipt = handles[op[1]]
             t0 = perf_counter_ns()
@@ -256,10 +277,41 @@ def replay_ours(w: Workload, compat: str | None, page_size: int = 1, chunk_size:
             t1 = perf_counter_ns()
             sig[i] = (res.kv_tokens, res.states)
         times[i] = t1 - t0
-    out.sizes = (cache.full_evictable_size(), cache.full_protected_size(),
-                 cache.state_evictable_size(), cache.state_protected_size())
+    out.sizes = (
+        cache.full_evictable_size(),
+        cache.full_protected_size(),
+        cache.state_evictable_size(),
+        cache.state_protected_size(),
+    )
     out.nodes = cache.node_count()
     return out
+
+
+def warm_allocator(nbytes: int = 16 << 20) -> None:
+    """Raise glibc malloc's dynamic mmap threshold once per process.
+
+    glibc serves large blocks (initially >= 128 KiB) with a fresh mmap, page-faulting every
+    page on first touch, until a freed mmapped block raises the threshold to its size. Which
+    implementation runs first would otherwise pay that for every long key or value (several
+    times the real cost at 32k-64k tokens). A long-running server is past this point; so is
+    every implementation after this call. Freeing one 16 MiB block does it for both Python
+    arrays and torch's CPU tensors (both allocate through malloc)."""
+    block = bytearray(nbytes)
+    del block
+
+
+def set_torch_threads(n: int = 1) -> None:
+    """Pin torch's intra-op pool (default 1 thread).
+
+    The upstream tree's tensors stand in for GPU tensors, where `torch.cat` / `clone` are
+    asynchronous launches. On CPU, tensors above 32768 elements (torch's grain size) go
+    parallel, and waking a sleeping OpenMP worker on a small VM can cost milliseconds
+    (seen: 8 ms for one 32769-element `torch.cat` on 2 vCPUs). One thread removes that
+    noise from upstream's numbers; pass --torch-threads 0 to keep torch's default."""
+    if n > 0:
+        import torch
+
+        torch.set_num_threads(n)
 
 
 def timer_overhead_ns(n: int = 200_000) -> int:

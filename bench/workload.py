@@ -88,7 +88,7 @@ class Workload:
         return (
             f"seed={c.seed} ops={len(self.ops)} tenants={c.tenants} sys={c.sys_min}-{c.sys_max} "
             f"turn+={c.turn_min}-{c.turn_max} max_turns={c.max_turns} "
-            f"concurrency={c.concurrency} kv_budget={c.kv_budget} "
+            f"concurrency={c.concurrency} cut_frac={c.p_cut_match} kv_budget={c.kv_budget} "
             f"state_budget={c.state_budget} sessions={s.get('sessions', 0)} "
             f"turns={s.get('turns', 0)} "
             f"max_key={s.get('max_key', 0)} mean_insert_key={s.get('mean_insert_key', 0)}"

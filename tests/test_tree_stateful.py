@@ -172,8 +172,8 @@ class TreeMachine(RuleBasedStateMachine):
         """An earlier key, cut somewhere, extended by a few tokens."""
         page = self.PAGE
         base = data.draw(st.sampled_from(self.keys), label="base")
-        cut = data.draw(st.integers(0, len(base)), label="cut")
-        n_ext = data.draw(st.integers(0, 3), label="ext pages") * page
+        cut = data.draw(st.just(len(base)) | st.integers(0, len(base)), label="cut")
+        n_ext = data.draw(st.sampled_from([0, 0, 1, 1, 2, 3]), label="ext pages") * page
         if not whole_pages:
             n_ext += data.draw(st.integers(0, page - 1), label="ext tokens")
         ext = data.draw(st.lists(ALPHABET, min_size=n_ext, max_size=n_ext), label="ext")
@@ -253,31 +253,48 @@ class TreeMachine(RuleBasedStateMachine):
 
     # ----------------------------------------------------------------- insert
 
-    @rule(data=st.data(), how=st.sampled_from(["prev=0", "prev from match", "prev arbitrary"]))
-    def insert(self, data: st.DataObject, how: str) -> None:
-        ns = data.draw(NAMESPACES, label="ns")
-        key = self.draw_key(data, whole_pages=True)
+    # Three insert rules (inserts are 3 of 8 rules, so trees grow between evictions).
+
+    @rule(data=st.data())
+    def insert_fresh(self, data: st.DataObject) -> None:
+        """prev_prefix_len=0 and fresh indices for every position."""
+        ns, key = data.draw(NAMESPACES, label="ns"), self.draw_key(data, whole_pages=True)
+        values = self.fresh_kv(len(key))
+        self.do_insert(ns, key, values, 0, values)
+
+    @rule(data=st.data())
+    def insert_prev_arbitrary(self, data: st.DataObject) -> None:
+        """Fresh indices everywhere but the caller claims [0, prev) is tree-owned: the
+        tree must neither store nor return the indices of [0, min(prev, prefix_len))."""
+        ns, key = data.draw(NAMESPACES, label="ns"), self.draw_key(data, whole_pages=True)
+        prev = data.draw(st.integers(0, len(key)), label="prev")
+        values = self.fresh_kv(len(key))
+        self.do_insert(ns, key, values, prev, values)
+
+    @rule(data=st.data())
+    def insert_after_match(self, data: st.DataObject) -> None:
+        """A scheduler: match a prefix of the request (maybe locking it), keep the tree's
+        own indices for [0, prev), compute the rest, insert the whole key."""
+        ns, key = data.draw(NAMESPACES, label="ns"), self.draw_key(data, whole_pages=True)
+        cut = data.draw(st.just(len(key)) | st.integers(0, len(key)), label="match cut")
+        m = self.do_match(ns, key[:cut])
         receipt = None
-        if how == "prev from match":
-            # A scheduler: match a prefix of the request, keep the tree's own
-            # indices for [0, prev), compute the rest, insert the whole key.
-            cut = data.draw(st.integers(0, len(key)), label="match cut")
-            m = self.do_match(ns, key[:cut])
-            if data.draw(st.booleans(), label="lock while computing"):
-                receipt = self.cache.inc_lock_ref(m.node)
-            prev = m.prefix_len
-            values = list(m.kv_indices) + self.fresh_kv(len(key) - prev)
-            fresh = values[prev:]
-        else:
-            prev = 0 if how == "prev=0" else data.draw(st.integers(0, len(key)), label="prev")
-            values = fresh = self.fresh_kv(len(key))
+        if data.draw(st.booleans(), label="lock while computing"):
+            receipt = self.cache.inc_lock_ref(m.node)
+        fresh = self.fresh_kv(len(key) - m.prefix_len)
+        self.do_insert(ns, key, list(m.kv_indices) + fresh, m.prefix_len, fresh)
+        if receipt is not None:
+            self.cache.dec_lock_ref(receipt)
+
+    def do_insert(
+        self, ns: Any, key: list[int], values: list[int], prev: int, fresh: list[int]
+    ) -> None:
+        """insert, checked against the model; `fresh`: the indices handed over now."""
         state = self.fresh_state()
         want_prefix = self.hit_len(ns, key)
         want_existed = (ns, tuple(key)) in self.states or not key
 
         r = self.cache.insert(key, values, state, prev_prefix_len=prev, extra_key=ns)
-        if receipt is not None:
-            self.cache.dec_lock_ref(receipt)
 
         assert (r.prefix_len, r.state_existed) == (want_prefix, want_existed), (key, ns, r)
         p = r.prefix_len
@@ -323,8 +340,8 @@ class TreeMachine(RuleBasedStateMachine):
     # ---------------------------------------------------------------- evict
 
     @rule(
-        kv_tokens=st.sampled_from([0, 0, 1, 3, 8, 40]),
-        states=st.sampled_from([0, 0, 1, 2, 5]),
+        kv_tokens=st.sampled_from([0, 0, 0, 1, 2, 4, 9, 40]),
+        states=st.sampled_from([0, 0, 1, 1, 2, 5]),
     )
     def evict(self, kv_tokens: int, states: int) -> None:
         c = self.cache
@@ -346,6 +363,8 @@ class TreeMachine(RuleBasedStateMachine):
         assert len(freed_states) == st_evictable - c.state_evictable_size()
         # amounts: KV eviction stops only when satisfied or when no unlocked leaf is left
         assert r.kv_tokens <= len(freed_kv)
+        if states == 0:  # no state phase: all the KV freed is the KV phase's
+            assert r.kv_tokens == len(freed_kv)
         if kv_tokens == 0:
             assert r.kv_tokens == 0
         else:
@@ -406,6 +425,14 @@ class TreeMachine(RuleBasedStateMachine):
         assert states == self.states
         self.kv_ledger.check(list(self.cache.all_kv_indices()))
         self.state_ledger.check(self.cache.all_states())
+
+    @invariant()
+    def state_recency(self) -> None:
+        """Default mode: the state list (MRU first) is the model's order of last use."""
+        if self.default:
+            listed = [link.node.state for link in self.cache.lru[1]]
+            by_use = sorted(self.states, key=self.stamp.__getitem__, reverse=True)
+            assert listed == [self.states[pos] for pos in by_use]
 
     @invariant()
     def sizes_match_locks(self) -> None:

@@ -56,6 +56,27 @@ class LRUList:
         self.clock += 1
         link.stamp = self.clock
 
+    def splice_mru(self, links: list[Link]) -> None:
+        """Move listed links to the MRU end in one pass, links[0] newest: the
+        order (and stamp order) of calling move_mru on them from last to first."""
+        if not links:
+            return
+        for link in links:
+            prev, nxt = link.prev, link.next
+            assert prev is not None and nxt is not None, "link is not in the list"
+            prev.next, nxt.prev = nxt, prev
+        first = self.head.next
+        assert first is not None
+        clock = self.clock + len(links)
+        self.clock = clock
+        prev = self.head
+        for link in links:
+            prev.next, link.prev = link, prev
+            link.stamp = clock
+            clock -= 1
+            prev = link
+        prev.next, first.prev = first, prev
+
     def lru_unlocked(self, start: Link | None = None) -> Link | None:
         """The least recently used unlocked link, searching from `start`
         (exclusive) towards the MRU end; from the tail when `start` is None."""

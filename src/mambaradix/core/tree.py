@@ -147,73 +147,62 @@ class MambaRadixCache:
         tokens = as_int_array(key, "key")
         self._check_namespace(extra_key)
         n = len(tokens)
-        if not self._sglang:
+        if not self._sglang and n % self.page_size:
             n -= n % self.page_size  # whole pages only: never an empty split (#28692)
+            tokens = tokens[:n]
         if n == 0:
             return MatchResult(0, array("q"), self.root, None, 0)
-        best, best_len, hit_len = self._walk(tokens, n, extra_key)
-        self._refresh_after_match(best)
+        path, hit_len = self._walk(tokens, extra_key)
+        k = len(path)
+        while k and path[k - 1].state is None:  # cut back to the deepest state
+            k -= 1
+        values = array("q")
+        for i in range(k):
+            values += path[i].value
         branching = None
-        if hit_len > best_len:
+        if hit_len > len(values):
             aligned = hit_len - hit_len % self.chunk_size
             branching = aligned if aligned > 0 else None
-        return MatchResult(best_len, self._path_values(best), best, branching, hit_len)
+        if k == 0:
+            return MatchResult(0, values, self.root, branching, hit_len)
+        self._refresh_after_match(path, k)
+        return MatchResult(len(values), values, path[k - 1], branching, hit_len)
 
-    def _walk(self, tokens: array[int], n: int, extra_key: Any) -> tuple[TreeNode, int, int]:
-        """Descend along tokens[:n]; return (deepest node with a state, its
-        depth in tokens, all matched tokens)."""
-        node, off = self.root, 0
-        best, best_len = node, 0
-        children = node.children
-        while off < n:
-            child = children.get(self._child_key(node, tokens, off, extra_key))
+    def _walk(self, tokens: array[int], extra_key: Any) -> tuple[list[TreeNode], int]:
+        """Descend along `tokens`; return (fully matched nodes, matched tokens
+        including a partially matched last edge)."""
+        page, n = self.page_size, len(tokens)
+        node, off, path = self.root, 0, []
+        ck = self._child_key(node, tokens, 0, extra_key)
+        while True:
+            child = node.children.get(ck)
             if child is None:
                 break
             edge = child.key
             ln = len(edge)
-            if off + ln <= n and tokens[off : off + ln] == edge:
-                m = ln
-            else:
-                m = self._match_len(edge, tokens[:n], off)
+            m = ln if tokens[off : off + ln] == edge else self._match_len(edge, tokens, off)
             off += m
             if m < ln:
                 if self._sglang:
                     self._split(child, m)  # upstream splits on lookup; the new node has no state
                 break
-            node, children = child, child.children
-            if node.state is not None:
-                best, best_len = node, off
-        return best, best_len, off
+            path.append(child)
+            if off >= n:
+                break
+            node = child
+            ck = tokens[off] if page == 1 else tuple(tokens[off : off + page])
+        return path, off
 
-    def _refresh_after_match(self, best: TreeNode) -> None:
-        if best is self.root:
-            return
-        self._refresh_path(best, KV)
+    def _refresh_after_match(self, path: list[TreeNode], k: int) -> None:
+        """Make path[:k] MRU in the KV list (ancestors older than descendants);
+        in the state list, only the state used (#31643), or with compat="sglang"
+        every state on the path."""
+        used = path[k - 1 :: -1]  # deepest first
+        self.lru[KV].splice_mru([node.kv for node in used])
         if self._sglang:
-            self._refresh_path(best, STATE)  # 0.5.15: every state on the path
+            self.lru[STATE].splice_mru([node.st for node in used if node.state is not None])
         else:
-            self.lru[STATE].move_mru(best.st)  # only the state actually used (#31643)
-
-    def _refresh_path(self, node: TreeNode, res: Resource) -> None:
-        """Make node and its ancestors MRU, ancestors older than descendants."""
-        path = []
-        while node.parent is not None:
-            if res == KV or node.state is not None:
-                path.append(node)
-            node = node.parent
-        lru = self.lru[res]
-        for n in reversed(path):
-            lru.move_mru(n.kv if res == KV else n.st)
-
-    def _path_values(self, node: TreeNode) -> array[int]:
-        parts = []
-        while node.parent is not None:
-            parts.append(node.value)
-            node = node.parent
-        out = array("q")
-        for part in reversed(parts):
-            out += part
-        return out
+            self.lru[STATE].move_mru(path[k - 1].st)
 
     # ------------------------------------------------------------------ insert
 
@@ -268,24 +257,33 @@ class MambaRadixCache:
     def _insert(
         self, tokens: array[int], values: array[int], state: int, prev: int, extra_key: Any
     ) -> InsertResult:
-        node, off, n = self.root, 0, len(tokens)
+        page, n = self.page_size, len(tokens)
+        node, off, walked = self.root, 0, []
         freed = array("q")
-        kv_lru, st_lru = self.lru
-        while off < n:
-            ck = self._child_key(node, tokens, off, extra_key)
+        split_at = 0
+        ck = self._child_key(node, tokens, 0, extra_key)
+        while True:
             child = node.children.get(ck)
             if child is None:
                 break
-            node = child
-            kv_lru.move_mru(node.kv)
-            if self._sglang and node.state is not None:
-                st_lru.move_mru(node.st)
-            m = self._match_len(node.key, tokens, off)
+            walked.append(child)
+            edge = child.key
+            ln = len(edge)
+            m = ln if tokens[off : off + ln] == edge else self._match_len(edge, tokens, off)
             if prev < off + m:  # the caller's copy of KV the tree already has
                 freed += values[max(prev, off) : off + m]
             off += m
-            if m < len(node.key):
-                node = self._split(node, m)
+            if m < ln:
+                split_at = m
+                break
+            node = child
+            if off >= n:
+                break
+            ck = tokens[off] if page == 1 else tuple(tokens[off : off + page])
+        self._touch_walked(walked)
+        if split_at:
+            node = self._split(walked[-1], split_at)
+        kv_lru, st_lru = self.lru
         if off < n:
             self._add_leaf(node, tokens, values, off, state, extra_key)
             return InsertResult(off, False, freed)
@@ -298,6 +296,14 @@ class MambaRadixCache:
         if self._sglang:
             st_lru.move_mru(node.st)
         return InsertResult(off, True, freed)
+
+    def _touch_walked(self, walked: list[TreeNode]) -> None:
+        """Refresh the nodes an insert walked through, as SGLang does one by one
+        (in the state list only with compat="sglang", #31643)."""
+        deepest_first = walked[::-1]
+        self.lru[KV].splice_mru([node.kv for node in deepest_first])
+        if self._sglang:
+            self.lru[STATE].splice_mru([n.st for n in deepest_first if n.state is not None])
 
     def _add_leaf(
         self,
@@ -420,46 +426,36 @@ class MambaRadixCache:
         self.lru[KV].remove(node.kv)
         self._evictable[KV] -= len(node.value)
         node.parent = None  # marks the node as deleted (stale handles are rejected)
+        node.kv.node = node.st.node = None  # no cycle: the node is freed at once
         return len(node.value)
 
     # ------------------------------------------------------------------- locks
 
     def inc_lock_ref(self, node: TreeNode) -> LockReceipt:
         """Protect node's KV and its ancestors' KV, and node's state, from eviction."""
-        self._check_lockable(node)
+        if not isinstance(node, TreeNode):
+            raise TypeError(f"expected a TreeNode from match_prefix, got {type(node).__name__}")
         if node is self.root:
             return LockReceipt(node, False)
+        if node.state is None:
+            self._check_in_tree(node)
+            raise ValueError(f"{node!r} has no state (it was evicted): match again to lock")
+        newly_locked = self._add_path_locks(node, +1)
+        if newly_locked is None:  # the walk did not end at our root: undone, now explain
+            self._check_in_tree(node)
+        assert newly_locked is not None
+        self._evictable[KV] -= newly_locked
+        self._protected[KV] += newly_locked
         if node.st.lock == 0:
             self._evictable[STATE] -= 1
             self._protected[STATE] += 1
         node.st.lock += 1
-        x: TreeNode | None = node
-        while x is not None and x.parent is not None:
-            if x.kv.lock == 0:
-                self._evictable[KV] -= len(x.value)
-                self._protected[KV] += len(x.value)
-            x.kv.lock += 1
-            x = x.parent
         return LockReceipt(node, True)
-
-    def _check_lockable(self, node: Any) -> None:
-        if not isinstance(node, TreeNode):
-            raise TypeError(f"expected a TreeNode from match_prefix, got {type(node).__name__}")
-        x = node
-        while x.parent is not None:
-            x = x.parent
-        if x is not self.root:
-            raise ValueError(f"{node!r} is not in this tree (evicted, or from another cache)")
-        if node is not self.root and node.state is None:
-            raise ValueError(
-                f"{node!r} has no state (it was evicted): match again to get a lockable node"
-            )
 
     def dec_lock_ref(self, lock: LockReceipt | TreeNode) -> None:
         """Release a lock taken by `inc_lock_ref` (pass its receipt; a node is
-        accepted for SGLang familiarity and releases a lock taken on it)."""
+        accepted for SGLang familiarity and releases one lock taken on it)."""
         if isinstance(lock, TreeNode):
-            self._check_lockable(lock)
             lock = LockReceipt(lock, lock is not self.root)
         if not isinstance(lock, LockReceipt):
             raise TypeError(f"expected a LockReceipt from inc_lock_ref, got {type(lock).__name__}")
@@ -469,33 +465,60 @@ class MambaRadixCache:
         if node is self.root:
             lock.active = False
             return
-        self._check_unlockable(lock)
+        if lock.state_locked and (node.st.lock <= 0 or node.state is None):
+            raise ValueError(f"{node!r} holds no state lock to release")
+        newly_unlocked = self._add_path_locks(node, -1)
+        if newly_unlocked is None:
+            self._check_in_tree(node)
+            raise ValueError(f"{node!r} or an ancestor holds no KV lock to release")
+        self._evictable[KV] += newly_unlocked
+        self._protected[KV] -= newly_unlocked
         if lock.state_locked:
             node.st.lock -= 1
             if node.st.lock == 0:
                 self._evictable[STATE] += 1
                 self._protected[STATE] -= 1
-        x: TreeNode | None = node
-        while x is not None and x.parent is not None:
-            x.kv.lock -= 1
-            if x.kv.lock == 0:
-                self._evictable[KV] += len(x.value)
-                self._protected[KV] -= len(x.value)
-            x = x.parent
         lock.active = False
 
-    def _check_unlockable(self, lock: LockReceipt) -> None:
-        """Validate the whole release before changing anything."""
-        node = lock.node
-        if lock.state_locked and (node.st.lock <= 0 or node.state is None):
-            raise ValueError(f"{node!r} holds no state lock to release")
-        x: TreeNode | None = node
-        while x is not None and x.parent is not None:
-            if x.kv.lock <= 0:
-                raise ValueError(f"{x!r} holds no KV lock to release")
+    def _add_path_locks(self, node: TreeNode, delta: int) -> int | None:
+        """Add delta (+1 or -1) to the KV lock of node and every ancestor; return
+        the KV tokens whose lock changed between zero and non-zero. If the path
+        does not end at this tree's root, or a lock would go negative, undo the
+        partial walk and return None."""
+        moved = 0
+        x = node
+        if delta > 0:
+            while x.parent is not None:
+                link = x.kv
+                if not link.lock:
+                    moved += len(x.value)
+                link.lock += 1
+                x = x.parent
+        else:
+            while x.parent is not None:
+                link = x.kv
+                lock = link.lock
+                if lock <= 0:
+                    break
+                if lock == 1:
+                    moved += len(x.value)
+                link.lock = lock - 1
+                x = x.parent
+        if x is self.root:
+            return moved
+        y = node
+        while y is not x:  # roll back
+            y.kv.lock -= delta
+            assert y.parent is not None
+            y = y.parent
+        return None
+
+    def _check_in_tree(self, node: TreeNode) -> None:
+        x = node
+        while x.parent is not None:
             x = x.parent
         if x is not self.root:
-            raise ValueError(f"{node!r} is not in this tree")
+            raise ValueError(f"{node!r} is not in this tree (evicted, or from another cache)")
 
     # ------------------------------------------------------------------- sizes
 

@@ -1,0 +1,398 @@
+"""How match / insert / lock / evict time grows with key length, path depth and tree size.
+
+    .venv/bin/python bench/bench_scaling.py [--reps 25] [--lengths 1k,2k,...] [--sizes 100,1000]
+
+Three implementations, each called the way `bench_vs_sglang.py` calls it (inputs pre-built,
+only the cache call timed): SGLang 0.5.15.post1's MambaRadixCache ("sglang"), ours with
+compat="sglang" ("compat") and ours with compat=None ("default"). Every cell is the median of
+`--reps` timed calls, in microseconds, with the empty perf_counter_ns pair subtracted.
+
+Table 1, key length L (1k-64k tokens), tree holding a few other sequences of length L:
+  match_1edge    match a cached L-token sequence stored as one edge (full hit)
+  match_chain    match a cached L-token sequence stored as a chain of 1k-token turns
+                 (L/1024 nodes on the path: a multi-turn conversation), full hit
+  insert_new     insert a fresh L-token sequence (no shared prefix): one new leaf; steady
+                 state (a tree of 4 such leaves, the LRU one evicted untimed before each)
+  insert_extend  insert chain sequence + 256 new tokens with prev_prefix_len = L (the next
+                 turn: walk L cached tokens, add a 256-token leaf)
+Table 2, path depth D (a 16k-token sequence cached as D equal turns):
+  match, lock, unlock of the deepest node, and insert_extend (+256 tokens).
+Table 3, tree size (about N nodes: 8 tenants' 1k-token system prompts, sessions of two
+  200-token turns below them): match_hit of a session (about 1.4k tokens, depth 3),
+  insert_turn (+200 tokens), lock, unlock, evict_kv (1 token -> the LRU leaf), evict_state
+  (1 state).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+from array import array
+from pathlib import Path
+from time import perf_counter_ns
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from drivers import UpstreamDirect, set_torch_threads, timer_overhead_ns, warm_allocator  # noqa: E402
+from mambaradix import MambaRadixCache  # noqa: E402
+
+VOCAB = 32_000
+OVERHEAD = 0
+
+
+class Upstream:
+    name = "sglang"
+
+    def __init__(self) -> None:
+        self.d = UpstreamDirect(1, 64)
+        self.c = self.d.inner
+        self.torch = self.d.torch
+
+    def prep_insert(self, key: array[int], base: int, state: int, prev: int = 0) -> Any:
+        d, torch = self.d, self.torch
+        return d.InsertParams(
+            key=d.RadixKey(key, None),
+            value=torch.arange(base, base + len(key), dtype=torch.int64),
+            mamba_value=torch.tensor([state], dtype=torch.int64),
+            prev_prefix_len=prev,
+        )
+
+    def insert(self, p: Any) -> int:
+        ins = self.c.insert
+        t0 = perf_counter_ns()
+        ins(p)
+        t1 = perf_counter_ns()
+        self.d.drop_freed()
+        return t1 - t0
+
+    def prep_match(self, key: array[int]) -> Any:
+        return self.d.MatchPrefixParams(key=self.d.RadixKey(key, None))
+
+    def match(self, p: Any) -> tuple[int, int, Any]:
+        m = self.c.match_prefix
+        t0 = perf_counter_ns()
+        r = m(p)
+        t1 = perf_counter_ns()
+        return t1 - t0, len(r.device_indices), r.last_device_node
+
+    def lock(self, node: Any) -> tuple[int, Any]:
+        f = self.c.inc_lock_ref
+        t0 = perf_counter_ns()
+        f(node)
+        t1 = perf_counter_ns()
+        return t1 - t0, node
+
+    def unlock(self, handle: Any) -> int:
+        f = self.c.dec_lock_ref
+        t0 = perf_counter_ns()
+        f(handle)
+        t1 = perf_counter_ns()
+        return t1 - t0
+
+    def evict(self, kv: int, st: int) -> int:
+        f, p = self.c.evict, self.d.EvictParams(num_tokens=kv, mamba_num=st)
+        t0 = perf_counter_ns()
+        f(p)
+        t1 = perf_counter_ns()
+        self.d.drop_freed()
+        return t1 - t0
+
+    def nodes(self) -> int:
+        return self.d.node_count()
+
+    def evict_lru_leaf(self) -> None:
+        """Untimed: evict the LRU leaf; refcounting frees its key and value at once."""
+        self.c.evict(self.d.EvictParams(num_tokens=1))
+        self.d.drop_freed()
+
+
+class Ours:
+    def __init__(self, compat: str | None) -> None:
+        self.name = "compat" if compat else "default"
+        self.c = MambaRadixCache(page_size=1, chunk_size=64, compat=compat)
+
+    def prep_insert(self, key: array[int], base: int, state: int, prev: int = 0) -> Any:
+        return key, array("q", range(base, base + len(key))), state, prev
+
+    def insert(self, p: Any) -> int:
+        ins = self.c.insert
+        key, values, state, prev = p
+        t0 = perf_counter_ns()
+        ins(key, values, state, prev)
+        t1 = perf_counter_ns()
+        return t1 - t0
+
+    def prep_match(self, key: array[int]) -> Any:
+        return key
+
+    def match(self, p: Any) -> tuple[int, int, Any]:
+        m = self.c.match_prefix
+        t0 = perf_counter_ns()
+        r = m(p)
+        t1 = perf_counter_ns()
+        return t1 - t0, r.prefix_len, r.node
+
+    def lock(self, node: Any) -> tuple[int, Any]:
+        f = self.c.inc_lock_ref
+        t0 = perf_counter_ns()
+        h = f(node)
+        t1 = perf_counter_ns()
+        return t1 - t0, h
+
+    def unlock(self, handle: Any) -> int:
+        f = self.c.dec_lock_ref
+        t0 = perf_counter_ns()
+        f(handle)
+        t1 = perf_counter_ns()
+        return t1 - t0
+
+    def evict(self, kv: int, st: int) -> int:
+        f = self.c.evict
+        t0 = perf_counter_ns()
+        f(kv, st)
+        t1 = perf_counter_ns()
+        return t1 - t0
+
+    def nodes(self) -> int:
+        return self.c.node_count()
+
+    def evict_lru_leaf(self) -> None:
+        """Untimed: evict the LRU leaf and free its arrays now.
+
+        Our TreeNode and its two Links reference each other, so an evicted node (with its
+        key and value arrays) lives until the cyclic GC finds it; old nodes sit in the
+        oldest generation, collected rarely. Without this, every timed insert of a long key
+        page-faults fresh memory (~4x the insert's cost at 64k tokens) while upstream's
+        evicted arrays are reused at once. Breaking the cycle here emulates the fix
+        suggested for src (clear `link.node` in `_detach`)."""
+        link = self.c.lru[0].lru_unlocked_leaf()
+        self.c.evict(1, 0)
+        if link is not None and link.node is not None:
+            node = link.node
+            node.kv.node = node.st.node = None
+
+
+IMPLS = (lambda: Upstream(), lambda: Ours("sglang"), lambda: Ours(None))
+NAMES = ("sglang", "compat", "default")
+
+
+class Tokens:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.kv = 1 << 20
+        self.state = 1
+
+    def seq(self, n: int) -> array[int]:
+        return array("q", [self.rng.randrange(VOCAB) for _ in range(n)])
+
+    def base(self, n: int) -> int:
+        self.kv += n
+        return self.kv - n
+
+    def st(self) -> int:
+        self.state += 1
+        return self.state
+
+
+def us(samples: list[int]) -> float:
+    return max(statistics.median(samples) - OVERHEAD, 0) / 1e3
+
+
+def fill(impl: Any, tok: Tokens, key: array[int], prev: int = 0) -> None:
+    impl.insert(impl.prep_insert(key, tok.base(len(key)), tok.st(), prev))
+
+
+def chain(impl: Any, tok: Tokens, seq: array[int], step: int) -> None:
+    """Cache seq as consecutive turns of `step` tokens (each turn's end holds a state)."""
+    for end in range(step, len(seq) + 1, step):
+        fill(impl, tok, seq[:end], end - step)
+
+
+def by_length(lengths: list[int], reps: int, seed: int) -> dict[str, dict[int, dict[str, float]]]:
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for n in lengths:  # implementations interleaved per cell
+        for make, name in zip(IMPLS, NAMES, strict=True):
+            out.setdefault(name, {})
+            tok = Tokens(seed)  # same tokens for every implementation
+            impl = make()
+            edge_seqs = [tok.seq(n) for _ in range(4)]
+            chain_seqs = [tok.seq(n) for _ in range(4)]
+            for s in edge_seqs:
+                fill(impl, tok, s)
+            for s in chain_seqs:
+                chain(impl, tok, s, min(1024, n))
+            res: dict[str, list[int]] = {
+                k: [] for k in ("match_1edge", "match_chain", "insert_new", "insert_extend")
+            }
+            for i in range(reps):
+                s = edge_seqs[i % 4]
+                t, p, _ = impl.match(impl.prep_match(s))
+                assert p == n, (name, n, p)
+                res["match_1edge"].append(t)
+                s = chain_seqs[i % 4]
+                t, p, _ = impl.match(impl.prep_match(s))
+                assert p == n, (name, n, p)
+                res["match_chain"].append(t)
+                ext = s + tok.seq(256)
+                res["insert_extend"].append(
+                    impl.insert(impl.prep_insert(ext, tok.base(len(ext)), tok.st(), n))
+                )
+            # insert_new in steady state: a tree of 4 L-token leaves; before each timed insert
+            # the LRU leaf is evicted (untimed), so memory is recycled as in a long-running
+            # server instead of every insert page-faulting fresh memory (see evict_lru_leaf).
+            impl = make()
+            for _ in range(4):
+                fill(impl, tok, tok.seq(n))
+            for _ in range(reps):
+                impl.evict_lru_leaf()
+                res["insert_new"].append(
+                    impl.insert(impl.prep_insert(tok.seq(n), tok.base(n), tok.st()))
+                )
+            out[name][n] = {k: us(v) for k, v in res.items()}
+    return out
+
+
+def by_depth(
+    depths: list[int], reps: int, seed: int, n: int = 16_384
+) -> dict[str, dict[int, dict[str, float]]]:
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for depth in depths:  # implementations interleaved per cell
+        for make, name in zip(IMPLS, NAMES, strict=True):
+            out.setdefault(name, {})
+            tok = Tokens(seed)
+            impl = make()
+            s = tok.seq(n)
+            chain(impl, tok, s, n // depth)
+            res: dict[str, list[int]] = {
+                k: [] for k in ("match", "lock", "unlock", "insert_extend")
+            }
+            for _ in range(reps):
+                t, p, node = impl.match(impl.prep_match(s))
+                assert p == n
+                res["match"].append(t)
+                t, h = impl.lock(node)
+                res["lock"].append(t)
+                res["unlock"].append(impl.unlock(h))
+                ext = s + tok.seq(256)
+                res["insert_extend"].append(
+                    impl.insert(impl.prep_insert(ext, tok.base(len(ext)), tok.st(), n))
+                )
+            out[name][depth] = {k: us(v) for k, v in res.items()}
+    return out
+
+
+def by_size(sizes: list[int], reps: int, seed: int) -> dict[str, dict[int, dict[str, float]]]:
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for size in sizes:  # implementations interleaved per cell
+        for make, name in zip(IMPLS, NAMES, strict=True):
+            out.setdefault(name, {})
+            tok = Tokens(seed)
+            rng = random.Random(seed + 1)
+            impl = make()
+            sys_prompts = [tok.seq(1024) for _ in range(8)]
+            sessions: list[array[int]] = []
+            while impl.nodes() < size:
+                prompt = rng.choice(sys_prompts) + tok.seq(200)
+                fill(impl, tok, prompt)
+                full = prompt + tok.seq(200)
+                fill(impl, tok, full, len(prompt))
+                sessions.append(full)
+            res: dict[str, list[int]] = {
+                k: []
+                for k in ("match_hit", "insert_turn", "lock", "unlock", "evict_kv", "evict_state")
+            }
+            nodes = impl.nodes()
+            for _ in range(reps):
+                s = rng.choice(sessions)
+                t, p, node = impl.match(impl.prep_match(s))
+                res["match_hit"].append(t)
+                t, h = impl.lock(node)
+                res["lock"].append(t)
+                res["unlock"].append(impl.unlock(h))
+                ext = s + tok.seq(200)
+                res["insert_turn"].append(
+                    impl.insert(impl.prep_insert(ext, tok.base(len(ext)), tok.st(), len(s)))
+                )
+            for _ in range(reps):
+                res["evict_kv"].append(impl.evict(1, 0))
+            for _ in range(reps):
+                res["evict_state"].append(impl.evict(0, 1))
+            out[name][size] = {"nodes": nodes, **{k: us(v) for k, v in res.items()}}
+    return out
+
+
+def print_table(title: str, axis: str, data: dict[str, dict[int, dict[str, float]]]) -> None:
+    print(f"\n{title}  (median µs per call; ratio = sglang / ours)")
+    first = data["sglang"]
+    cols = [c for c in next(iter(first.values())) if c != "nodes"]
+    for col in cols:
+        print(f"  {col}")
+        print(
+            f"    {axis:>8} {'sglang':>11} {'compat':>10} {'default':>10} "
+            f"{'x compat':>9} {'x default':>10}"
+        )
+        for x, row in first.items():
+            a, b, c = row[col], data["compat"][x][col], data["default"][x][col]
+            label = f"{x}" if "nodes" not in row else f"{x} ({row['nodes']})"
+            print(
+                f"    {label:>8} {a:>11.1f} {b:>10.1f} {c:>10.1f} "
+                f"{a / max(b, 1e-3):>8.1f}x {a / max(c, 1e-3):>9.1f}x"
+            )
+
+
+def parse_ints(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        out.append(int(part[:-1]) * 1024 if part.endswith("k") else int(part))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    global OVERHEAD
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--reps", type=int, default=25)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lengths", default="1k,2k,4k,8k,16k,32k,64k")
+    ap.add_argument("--depths", default="1,8,64,512")
+    ap.add_argument("--sizes", default="100,1000,10000")
+    ap.add_argument("--only", choices=("length", "depth", "size"))
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for upstream's tensors (0: torch's default)",
+    )
+    args = ap.parse_args(argv)
+    warm_allocator()
+    set_torch_threads(args.torch_threads)
+    OVERHEAD = timer_overhead_ns()
+    print(f"timer overhead {OVERHEAD} ns (subtracted); reps={args.reps}")
+    if args.only in (None, "length"):
+        print_table(
+            "Key length (tokens)",
+            "tokens",
+            by_length(parse_ints(args.lengths), args.reps, args.seed),
+        )
+    if args.only in (None, "depth"):
+        print_table(
+            "Path depth (16k-token key, D nodes)",
+            "depth",
+            by_depth(parse_ints(args.depths), args.reps, args.seed),
+        )
+    if args.only in (None, "size"):
+        print_table(
+            "Tree size (nodes requested (actual))",
+            "nodes",
+            by_size(parse_ints(args.sizes), args.reps, args.seed),
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
