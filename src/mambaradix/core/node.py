@@ -37,7 +37,18 @@ class Link:
 
 
 class TreeNode:
-    __slots__ = ("parent", "children", "key", "value", "state", "namespace", "kv", "st", "id")
+    __slots__ = (
+        "parent",
+        "children",
+        "key",
+        "value",
+        "state",
+        "namespace",
+        "kv",
+        "st",
+        "id",
+        "meta",
+    )
 
     _ids = 0
 
@@ -59,6 +70,7 @@ class TreeNode:
         self.st = Link(self)
         TreeNode._ids += 1
         self.id = TreeNode._ids
+        self.meta: Any = None  # free for eviction policies (per-node bookkeeping)
 
     @property
     def is_tombstone(self) -> bool:

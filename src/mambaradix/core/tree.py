@@ -381,16 +381,63 @@ class MambaRadixCache:
             nxt = lru.lru_unlocked(x)
             node = x.node
             assert node is not None and node.state is not None
-            if node.children:
-                freed_states.append(node.state)
-                lru.remove(node.st)
-                node.state = None  # internal node -> tombstone, KV stays
-                self._evictable[STATE] -= 1
-            else:
-                self._delete_leaf(node, freed_kv, freed_states)
+            self._drop_state(node, freed_kv, freed_states)
             got += 1
             x = nxt
         return got
+
+    def _drop_state(self, node: TreeNode, freed_kv: array[int], freed_states: list[int]) -> None:
+        """Free node's state: an internal node becomes a tombstone (KV stays), a
+        leaf is deleted with its KV (and childless tombstone ancestors)."""
+        if node.children:
+            assert node.state is not None
+            freed_states.append(node.state)
+            self.lru[STATE].remove(node.st)
+            node.state = None
+            self._evictable[STATE] -= 1
+        else:
+            self._delete_leaf(node, freed_kv, freed_states)
+
+    # ------------------------------------------------------ targeted eviction
+
+    def evict_state_of(self, node: TreeNode) -> EvictResult:
+        """Evict one chosen state (for eviction policies other than LRU): an
+        internal node becomes a tombstone, a leaf is deleted with its KV."""
+        self._check_evictable(node)
+        if not node.children and node.kv.lock:
+            raise ValueError(f"{node!r} is a KV-locked leaf")
+        freed_kv: array[int] = array("q")
+        freed_states: list[int] = []
+        self._drop_state(node, freed_kv, freed_states)
+        return EvictResult(0, 1, freed_kv, freed_states)
+
+    def evict_leaf(self, node: TreeNode) -> EvictResult:
+        """Evict one chosen unlocked leaf with its KV and state (and childless
+        tombstone ancestors)."""
+        self._check_evictable(node)
+        if node.children or node.kv.lock:
+            raise ValueError(f"{node!r} is not an unlocked leaf")
+        freed_kv: array[int] = array("q")
+        freed_states: list[int] = []
+        tokens, _ = self._delete_leaf(node, freed_kv, freed_states)
+        return EvictResult(tokens, 0, freed_kv, freed_states)
+
+    def _check_evictable(self, node: Any) -> None:
+        if not isinstance(node, TreeNode):
+            raise TypeError(f"expected a TreeNode, got {type(node).__name__}")
+        if node is self.root or node.state is None or node.st.lock:
+            raise ValueError(f"{node!r} holds no unlocked state")
+        self._check_in_tree(node)
+
+    def evictable_states(self) -> list[TreeNode]:
+        """Nodes whose state is unlocked, least recently used first."""
+        out = []
+        for link in self.lru[STATE]:
+            if not link.lock:
+                assert link.node is not None
+                out.append(link.node)
+        out.reverse()
+        return out
 
     def _delete_leaf(
         self, leaf: TreeNode, freed_kv: array[int], freed_states: list[int]
