@@ -30,6 +30,7 @@ as upstream does.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -79,6 +80,7 @@ class Request:
     lock: LockReceipt | None = None
     prefix_len: int = 0  # tokens whose KV the tree owns (cache_protected_len)
     cached_len: int = 0  # prompt tokens served from the cache at admission
+    kv_hit_len: int = 0  # KV matched at admission, also past the last state
     computed: int = 0  # tokens consumed by the running state; their KV exists
 
     @property
@@ -86,8 +88,21 @@ class Request:
         return self.input_ids + array("q", self.output_ids)
 
 
+Evictor = Callable[[MambaRadixCache, int, int], EvictResult]
+
+
+def lru_evictor(tree: MambaRadixCache, kv_tokens: int, states: int) -> EvictResult:
+    """The tree's own LRU eviction (SGLang's rule)."""
+    return tree.evict(kv_tokens=kv_tokens, states=states)
+
+
 class CacheManager:
-    """Composes the tree and the pools into the request lifecycle."""
+    """Composes the tree and the pools into the request lifecycle.
+
+    `evictor(tree, kv_tokens, states)` frees at least that much when an
+    allocation falls short; the default is the tree's LRU eviction. Eviction
+    policies (`mambaradix.replay.policies`) plug in here.
+    """
 
     def __init__(
         self,
@@ -96,12 +111,14 @@ class CacheManager:
         slots: SlotAllocator,
         states: StatePool,
         rows: RowTable,
+        evictor: Evictor = lru_evictor,
     ) -> None:
         if tree.page_size != 1:
             raise ValueError(
                 "the no_buffer lifecycle needs page_size 1 (states sit at exact token ends)"
             )
         self.tree, self.kv, self.slots, self.states, self.rows = tree, kv, slots, states, rows
+        self.evictor = evictor
         self.active: set[Request] = set()
         self.evictions = {"kv_tokens": 0, "states": 0}
 
@@ -120,7 +137,7 @@ class CacheManager:
         """n KV indices, evicting unlocked leaves if the pool is short."""
         got = self.kv.alloc(n)
         if got is None:
-            self._release(self.tree.evict(kv_tokens=n - self.kv.available_size()))
+            self._release(self.evictor(self.tree, n - self.kv.available_size(), 0))
             got = self.kv.alloc(n)
         return got
 
@@ -128,7 +145,7 @@ class CacheManager:
         """One state slot, evicting the LRU unlocked state if the pool is short."""
         got = self.slots.alloc(1)
         if got is None:
-            self._release(self.tree.evict(states=1))
+            self._release(self.evictor(self.tree, 0, 1))
             got = self.slots.alloc(1)
         return None if got is None else int(got[0])
 
@@ -157,6 +174,7 @@ class CacheManager:
             self.states.clear([slot])
         req.row, req.slot, req.lock = row, slot, lock
         req.prefix_len = req.computed = req.cached_len = m.prefix_len
+        req.kv_hit_len = m.kv_hit_len
         self.active.add(req)
         return True
 
@@ -205,10 +223,14 @@ class CacheManager:
         self.tree.dec_lock_ref(req.lock)
         req.lock, req.prefix_len = new_lock, m.prefix_len
 
-    def finish(self, req: Request) -> None:
-        """Insert everything computed, donate the running slot, release the row."""
+    def finish(self, req: Request, insert: bool = True) -> None:
+        """Insert everything computed, donate the running slot, release the row.
+        With insert=False the request's private KV and slot are freed instead."""
         self._check_active(req)
         assert req.row is not None and req.slot is not None and req.lock is not None
+        if not insert:
+            self.abort(req)
+            return
         key = req.tokens[: req.computed]
         r = self.tree.insert(
             key, self.rows.read(req.row, 0, req.computed), req.slot, req.prefix_len, req.extra_key

@@ -1,0 +1,154 @@
+"""A sweep: every (policy, memory) point of one trace and model, in parallel
+processes, plus the bound; as JSON-ready data, a table and a plot."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
+from typing import Any
+
+from mambaradix.replay.bound import bound_token_hit_rate
+from mambaradix.replay.models import ModelProfile
+from mambaradix.replay.run import replay
+from mambaradix.replay.sim import ServingConfig
+from mambaradix.replay.trace import Trace
+
+_WORK: tuple[Trace, ModelProfile] | None = None  # inherited by forked workers
+
+
+def _one(policy: str, cfg: ServingConfig) -> dict[str, Any]:
+    assert _WORK is not None
+    return replay(_WORK[0], _WORK[1], policy, cfg)
+
+
+def sweep(
+    trace: Trace,
+    profile: ModelProfile,
+    policies: list[str],
+    memories: list[float],
+    base: ServingConfig,
+    workers: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    global _WORK
+    _WORK = (trace, profile)
+    points = [(p, replace(base, memory_gb=m)) for m in memories for p in policies]
+    workers = workers or min(len(points), os.cpu_count() or 1)
+    results: list[dict[str, Any]] = []
+    bar = _bar(len(points), progress)
+    if workers <= 1:
+        for p, cfg in points:
+            results.append(_one(p, cfg))
+            bar.update(1)
+    else:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            futures = [pool.submit(_one, p, cfg) for p, cfg in points]
+            for f in as_completed(futures):
+                results.append(f.result())
+                bar.update(1)
+    bar.close()
+    order = {(p, m): i for i, (p, m) in enumerate((p, c.memory_gb) for p, c in points)}
+    results.sort(key=lambda r: order[(r["policy"], r["memory_gb"])])
+    bound = bound_token_hit_rate(trace)
+    for r in results:
+        r["share_of_bound"] = r["token_hit_rate"] / bound if bound else 0.0
+    return {
+        "trace": {
+            "name": trace.name,
+            "requests": len(trace),
+            "prompt_tokens": trace.prompt_tokens,
+            "unit_tokens": trace.unit_tokens,
+            "source": trace.source,
+        },
+        "model": {
+            "name": profile.name,
+            "kv_bytes_per_token": profile.kv_bytes_per_token,
+            "state_bytes": profile.state_bytes,
+        },
+        "bound": {"token_hit_rate": bound},
+        "results": results,
+    }
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(total: int, show: bool) -> Any:
+    if not show:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the replay extra is optional for library use
+        return _NoBar()
+    return tqdm(total=total, desc="replay", unit="run")
+
+
+def table(data: dict[str, Any]) -> str:
+    """The results as a fixed-width table, one row per (memory, policy)."""
+    head = (
+        f"{'memory':>7} {'policy':<12} {'tok hit':>8} {'of bound':>8} {'req hit':>8} "
+        f"{'PFLOP saved':>11} {'TTFT p50':>9} {'TTFT p95':>9} {'KV evict':>10} {'st evict':>8}"
+    )
+    lines = [
+        f"trace {data['trace']['name']}: {data['trace']['requests']} requests, "
+        f"{data['trace']['prompt_tokens']:,} prompt tokens; model {data['model']['name']}; "
+        f"bound (unlimited memory, a state everywhere): {data['bound']['token_hit_rate']:.1%}",
+        head,
+        "-" * len(head),
+    ]
+    for r in data["results"]:
+        lines.append(
+            f"{r['memory_gb']:>5g}GB {r['policy']:<12} {r['token_hit_rate']:>8.1%} "
+            f"{r['share_of_bound']:>8.1%} {r['request_hit_rate']:>8.1%} "
+            f"{r['flops_saved'] / 1e15:>11.1f} "
+            f"{r['ttft_p50_s']:>8.3f}s {r['ttft_p95_s']:>8.3f}s {r['kv_tokens_evicted']:>10,} "
+            f"{r['states_evicted']:>8,}"
+        )
+    return "\n".join(lines)
+
+
+def plot(data: dict[str, Any], path: str) -> None:
+    """Token hit rate against memory, one line per policy, the bound as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    policies = list(dict.fromkeys(r["policy"] for r in data["results"]))
+    for p in policies:
+        rows = [r for r in data["results"] if r["policy"] == p]
+        ax.plot(
+            [r["memory_gb"] for r in rows],
+            [r["token_hit_rate"] for r in rows],
+            marker="o",
+            label=p,
+            linewidth=2.5 if p == "mambaradix" else 1.5,
+        )
+    ax.axhline(
+        data["bound"]["token_hit_rate"],
+        color="black",
+        linestyle="--",
+        label="bound (unlimited memory)",
+    )
+    ax.set_xscale("log")
+    mems = sorted({r["memory_gb"] for r in data["results"]})
+    ax.set_xticks(mems, [f"{m:g}" for m in mems])
+    ax.set_xlabel("cache memory (GB, KV + states)")
+    ax.set_ylabel("token hit rate")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{data['trace']['name']} on {data['model']['name']}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
