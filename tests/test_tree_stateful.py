@@ -5,8 +5,9 @@ Rules: insert (three ways of passing prev_prefix_len), match, lock, unlock, evic
 reset. After every step `check_invariants()` runs and the tree is compared with
 the model:
 
-* content: the model keeps, per (namespace, token-prefix) position, the KV index
-  stored there, and the (namespace, path) -> state map; it is updated only from
+* content: the model keeps, per cached position (namespace, the key up to the end of
+  its page, index), the KV index stored there, and the (namespace, path) -> state
+  map; it is updated only from
   what the tree *reports* (insert prefix_len / state_existed, evict freed_kv /
   freed_states) and must equal a brute-force walk of the tree;
 * ownership: every KV index and state id ever handed over is in exactly one place
@@ -18,7 +19,8 @@ the model:
 * locks: protected sizes equal the union of locked paths / the locked states, and
   eviction never frees a locked position or state;
 * eviction amounts, and in the default mode the exact order in which states go
-  (only inserts and the state a match uses refresh a state, SGLang #31643).
+  and the state LRU list itself (only an insert that stores a state and the state
+  a match uses refresh a state, SGLang #31643).
 
 Budget: HYPOTHESIS_PROFILE=ci (default) is quick; HYPOTHESIS_PROFILE=deep runs long.
 """
@@ -71,7 +73,8 @@ def walk_tree(cache: MambaRadixCache) -> tuple[dict[Pos, int], dict[Path, int]]:
         node, ns, parent_path = stack.pop()
         path = (*parent_path, *node.key)
         for pos, index in zip(
-            positions(ns, path, len(path), cache.page_size)[len(parent_path) :], node.value,
+            positions(ns, path, len(path), cache.page_size)[len(parent_path) :],
+            node.value,
             strict=True,
         ):
             kv[pos] = index

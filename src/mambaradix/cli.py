@@ -1,25 +1,121 @@
-"""Command line: `mambaradix demo`."""
+"""Command line: `mambaradix replay` (the main job) and `mambaradix demo`."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from pathlib import Path
 
-from mambaradix.demo import run_demo
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers separated by commas, got {text!r}"
+        ) from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError("memory sizes must be positive GB values")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mambaradix", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="multi-turn sessions through the cache, both behaviours")
-    demo.add_argument("--sessions", type=int, default=24)
-    demo.add_argument("--turns", type=int, default=6)
-    demo.add_argument("--kv-tokens", type=int, default=60_000, help="KV pool size in tokens")
-    demo.add_argument("--state-slots", type=int, default=48, help="state pool size in slots")
-    demo.add_argument("--chunk", type=int, default=512, help="prefill chunk size in tokens")
-    demo.add_argument("--seed", type=int, default=0)
+    _add_replay(
+        sub.add_parser("replay", help="what a hybrid prefix cache saves on a workload, per policy")
+    )
+    _add_demo(
+        sub.add_parser("demo", help="multi-turn sessions through the cache, both tree behaviours")
+    )
     args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+def _add_replay(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", default="mooncake", help="bundled name or path to a JSONL trace")
+    p.add_argument("--model", default="nemotron-h-8b", help="model profile name")
+    p.add_argument(
+        "--memory", type=_floats, default=[20.0, 40.0, 80.0, 160.0], help="GB, e.g. 10,20,40"
+    )
+    p.add_argument("--policy", type=_names, default=None, help="comma-separated (default: all)")
+    p.add_argument("--sequential", action="store_true", help="Marconi's simulator discipline")
+    p.add_argument("--state-fraction", type=float, default=None, help="share of memory for states")
+    p.add_argument("--rate", type=float, default=None, help="requests/s instead of trace times")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--workers", type=int, default=None, help="parallel processes (default: cores)")
+    p.add_argument("--json", default=None, help="write the results as JSON here")
+    p.add_argument(
+        "--plot", default=None, help="write the plot here (default out/replay-TRACE-MODEL.png)"
+    )
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_replay)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from mambaradix.replay.models import get_profile
+    from mambaradix.replay.policies import POLICIES
+    from mambaradix.replay.sim import ServingConfig
+    from mambaradix.replay.sweep import plot, sweep, table
+    from mambaradix.replay.workloads import load
+
+    start = time.perf_counter()
+    policies = args.policy or list(POLICIES)
+    unknown = [x for x in policies if x not in POLICIES]
+    if unknown:
+        print(
+            f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        profile = get_profile(args.model)
+        trace = load(args.trace)
+    except (KeyError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.limit:
+        trace.requests = trace.requests[: args.limit]
+    base = ServingConfig(memory_gb=args.memory[0], sequential=args.sequential, rate=args.rate)
+    if args.state_fraction is not None:
+        from dataclasses import replace
+
+        base = replace(base, state_fraction=args.state_fraction)
+    data = sweep(trace, profile, policies, args.memory, base, args.workers, not args.no_progress)
+    elapsed = time.perf_counter() - start
+    data["elapsed_s"] = elapsed
+    print(table(data))
+    plot_path = args.plot or f"out/replay-{Path(trace.name).stem}-{profile.name}.png"
+    Path(plot_path).parent.mkdir(parents=True, exist_ok=True)
+    plot(data, plot_path)
+    print(f"\nplot: {plot_path}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(data, indent=1))
+        print(f"json: {args.json}")
+    print(f"({elapsed:.1f} s)")
+    return 0
+
+
+def _add_demo(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sessions", type=int, default=24)
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--kv-tokens", type=int, default=60_000, help="KV pool size in tokens")
+    p.add_argument("--state-slots", type=int, default=48, help="state pool size in slots")
+    p.add_argument("--chunk", type=int, default=512, help="prefill chunk size in tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from mambaradix.demo import run_demo
+
     start = time.perf_counter()
     print(
         run_demo(args.sessions, args.turns, args.kv_tokens, args.state_slots, args.chunk, args.seed)

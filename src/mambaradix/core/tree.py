@@ -204,6 +204,22 @@ class MambaRadixCache:
         else:
             self.lru[STATE].move_mru(path[k - 1].st)
 
+    def peek(self, key: Any, extra_key: Any = None) -> TreeNode | None:
+        """The node that ends exactly at the end of `key`, or None. Read-only:
+        no LRU refresh, no split (also with compat="sglang")."""
+        tokens = as_int_array(key, "key")
+        self._check_namespace(extra_key)
+        node, off, n = self.root, 0, len(tokens)
+        while off < n:
+            node_next = node.children.get(self._child_key(node, tokens, off, extra_key))
+            if node_next is None:
+                return None
+            ln = len(node_next.key)
+            if tokens[off : off + ln] != node_next.key:
+                return None
+            node, off = node_next, off + ln
+        return node if node is not self.root else None
+
     # ------------------------------------------------------------------ insert
 
     def insert(
@@ -509,8 +525,8 @@ class MambaRadixCache:
         if not lock.active:
             raise ValueError(f"{lock!r} was already released")
         node = lock.node
-        if node is self.root:
-            lock.active = False
+        if node.parent is None and not lock.state_locked and node.kv.lock == 1 and node.st.lock == 1:
+            lock.active = False  # a root receipt (locks nothing; also one from before a reset)
             return
         if lock.state_locked and (node.st.lock <= 0 or node.state is None):
             raise ValueError(f"{node!r} holds no state lock to release")

@@ -41,6 +41,8 @@ class PolicyContext:
     chunk_units: int  # prefill chunk size in units
     kv_unit_bytes: int
     clock: Callable[[], float]  # virtual time now
+    kv_capacity: int = 0  # KV pool size in units
+    state_capacity: int = 0  # state pool size in slots
 
 
 class Policy:
@@ -62,6 +64,14 @@ class Policy:
 
     def on_request_done(self, req: Request) -> None:
         """Called once per finished request (for tuning)."""
+
+    def should_finish_insert(self, req: Request) -> bool:
+        """Insert the finished sequence with its final state?"""
+        return self.finish_insert
+
+    def on_checkpoint(self, node: TreeNode, position: int, final: bool) -> None:
+        """Called with the node holding a state the request just cached (at
+        `position` units; `final` for the finished sequence)."""
 
     def _chunk_ends(self, start: int, end: int) -> list[int]:
         c = self.ctx.chunk_units
@@ -146,6 +156,12 @@ class Marconi(Policy):
     def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
         if self.first_eviction_at is None:
             self.first_eviction_at = max(1, self.requests_seen)
+        # One utility ranking (a full scan, as in Marconi's code) frees a batch of
+        # 1% of the pool, so a run costs O(n) per batch instead of per state.
+        if kv_units:
+            kv_units = max(kv_units, self.ctx.kv_capacity // 100)
+        if states:
+            states = max(states, self.ctx.state_capacity // 100)
         ranked = self._ranked(tree, leaves_only=kv_units > 0)
         return _evict_in_order(tree, ranked, kv_units, states)
 
@@ -162,68 +178,133 @@ class Marconi(Policy):
         return [cands[i] for i in order]
 
     def _flop_efficiency(self, node: TreeNode) -> float:
-        """FLOPs a hit on this node saves over its parent, per byte it holds."""
+        """FLOPs a hit on this node saves over its parent, per byte it holds
+        (cached per node: it changes only when a split shortens the edge)."""
+        meta = node.meta
+        if meta is not None and meta[0] == len(node.key):
+            return float(meta[2])
         ctx = self.ctx
-        end = _depth_units(node) * ctx.unit_tokens
-        start = end - len(node.key) * ctx.unit_tokens
-        saved = ctx.profile.prefill_flops(start, end - start)
+        end = meta[1] if meta is not None else _depth_units(node)
+        start = end - len(node.key)
+        u = ctx.unit_tokens
+        saved = ctx.profile.prefill_flops(start * u, (end - start) * u)
         held = len(node.key) * ctx.kv_unit_bytes + ctx.profile.state_bytes
+        node.meta = (len(node.key), end, saved / held)
         return saved / held
 
 
 class MambaRadix(Policy):
-    """Ours. Admission: the branch point (where the input leaves the cached KV:
-    the next request sharing this prefix hits), the last prompt unit (an
-    identical or retried prompt hits, #22935; for block traces the last full
-    block, which the next turn shares), and the finished sequence (the next
-    turn). No chunk-end checkpoints: they rarely match and cost a state each.
+    """Ours.
 
-    Eviction: GreedyDual-Size-Frequency over states. A state's priority is
-    L + hits * (FLOPs it saves over the nearest cached state above it) / bytes
-    freed by evicting it; the lowest goes first and L rises to its priority,
-    so recency, reuse and recompute cost per byte all count. KV shortage
-    evicts leaves by the same priority."""
+    Admission, adaptive: three kinds of checkpoint are candidates: the branch
+    point (where the input leaves the cached KV, so the next request sharing
+    this prefix hits), the last prompt unit (an identical or retried prompt
+    hits, #22935; for block traces, the last full block, which the next turn
+    shares), and the finished sequence (the next turn). Each kind is admitted
+    while it earns its keep: after a warm-up, a kind whose checkpoints are
+    rarely reused (under 2% of them ever hit, or under a quarter of the best
+    kind's rate) is admitted only once in 16 (to notice if the workload
+    changes). On multi-turn chat the finished sequence wins and prompt-end
+    states are dropped; on block traces whose outputs never recur (Mooncake)
+    it is the other way round. No chunk-end checkpoints: they rarely
+    match and each costs a state.
+
+    Eviction: GreedyDual-Size-Frequency. A state's priority is
+    L + hits * (prefill FLOPs it saves over the nearest cached state above it)
+    / (what evicting it frees: one state slot, or for a KV shortage the leaf's
+    KV units); the lowest goes first and L rises to its priority, so recency,
+    reuse and recompute cost all count."""
 
     name = "mambaradix"
+    kinds = ("branch", "prompt", "finish")
+    warmup, min_useful, relative, explore_every = 16, 0.02, 0.0, 32
 
     def __init__(self) -> None:
         self.inflation = 0.0
+        self.stats = {k: [0, 0] for k in self.kinds}  # admitted, reused at least once
+        self.skipped = dict.fromkeys(self.kinds, 0)
+
+    def admits(self, kind: str) -> bool:
+        admitted, useful = self.stats[kind]
+        if admitted < self.warmup:
+            return True
+        best = max(u / a for a, u in self.stats.values() if a)
+        if useful >= max(self.min_useful, self.relative * best) * admitted:
+            return True
+        self.skipped[kind] += 1
+        return self.skipped[kind] % self.explore_every == 0
 
     def stops(self, req: Request, n_in: int, committed: int) -> list[int]:
-        points = {n_in - 1}
-        if req.computed < req.kv_hit_len < n_in:
-            points.add(req.kv_hit_len)
-        return sorted(p for p in points if p > req.computed)
+        points: dict[int, str] = {}
+        if req.computed < req.kv_hit_len < n_in and self.admits("branch"):
+            points[req.kv_hit_len] = "branch"
+        if n_in - 1 > req.computed and self.admits("prompt"):
+            points.setdefault(n_in - 1, "prompt")
+        self.pending = points
+        return sorted(points)
+
+    def should_finish_insert(self, req: Request) -> bool:
+        return self.admits("finish")
+
+    def on_checkpoint(self, node: TreeNode, position: int, final: bool) -> None:
+        kind = "finish" if final else self.pending.get(position)
+        if kind is None or node.meta is not None:
+            return  # not ours, or the state already existed
+        self.stats[kind][0] += 1
+        node.meta = [self.inflation + self._value(node, False), 0.0, kind]
+        if final:
+            self._demote_prompt_state(node)
+
+    def _demote_prompt_state(self, node: TreeNode) -> None:
+        """The request's own prompt-end state now has a descendant state on the
+        same path: only a retry of the same prompt can still use it, so it is
+        the first to go under pressure (it stays while there is room)."""
+        anc = node.parent
+        while anc is not None and anc.parent is not None and anc.state is None:
+            anc = anc.parent
+        meta = anc.meta if anc is not None else None
+        if meta is not None and isinstance(meta, list) and meta[2] == "prompt" and meta[1] == 0:
+            meta[0] = self.inflation
 
     def on_admit(self, tree: MambaRadixCache, req: Request) -> None:
         node = req.lock.node if req.lock is not None else None
-        if node is not None and node.state is not None and node.parent is not None:
-            meta = self._meta(node)
-            meta[1] += 1
-            meta[0] = self.inflation + meta[1] * self._value(node)
+        if node is None or node.parent is None or node.state is None:
+            return
+        meta = self._meta(node)
+        if meta[1] == 0 and meta[2] in self.stats:
+            self.stats[meta[2]][1] += 1
+        meta[1] += 1
+        meta[0] = self.inflation + meta[1] * self._value(node, False)
 
     def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
-        cands = [n for n in tree.evictable_states() if not (kv_units and n.children)]
+        for_kv = kv_units > 0
+        cands = [n for n in tree.evictable_states() if not (for_kv and n.children)]
         if not cands:
             return EvictResult(0, 0, array("q"), [])
-        order = sorted(cands, key=self._priority)
+        prio = {id(n): self._priority(n, for_kv) for n in cands}
+        order = sorted(cands, key=lambda n: prio[id(n)])
         result = _evict_in_order(tree, order, kv_units, states)
-        gone = [self._priority(n) for n in order if n.state is None or n.parent is None]
+        gone = [prio[id(n)] for n in order if n.state is None or n.parent is None]
         if gone:
             self.inflation = max(self.inflation, max(gone))  # L rises to the evicted priority
         return result
 
-    def _meta(self, node: TreeNode) -> list[float]:
+    def _meta(self, node: TreeNode) -> list[Any]:
         if node.meta is None:
-            node.meta = [self.inflation + self._value(node), 1.0]
-        meta: list[float] = node.meta
+            node.meta = [self.inflation + self._value(node, False), 0.0, None]
+        meta: list[Any] = node.meta
         return meta
 
-    def _priority(self, node: TreeNode) -> float:
-        return self._meta(node)[0]
+    def _priority(self, node: TreeNode, for_kv: bool) -> float:
+        meta = self._meta(node)
+        if not for_kv:
+            return float(meta[0])
+        # Per KV unit freed: rescale the value part from "per state" to "per unit".
+        base = float(meta[0]) - self.inflation
+        return self.inflation + base / max(1, len(node.key))
 
-    def _value(self, node: TreeNode) -> float:
-        """Recompute FLOPs saved per byte: from the nearest state above it."""
+    def _value(self, node: TreeNode, per_unit: bool) -> float:
+        """Prefill FLOPs this state saves over the nearest state above it."""
         ctx = self.ctx
         end = _depth_units(node)
         anc, start = node.parent, end - len(node.key)
@@ -232,8 +313,7 @@ class MambaRadix(Policy):
             anc = anc.parent
         u = ctx.unit_tokens
         saved = ctx.profile.prefill_flops(start * u, (end - start) * u)
-        held = ctx.profile.state_bytes + (0 if node.children else len(node.key) * ctx.kv_unit_bytes)
-        return saved / held
+        return saved / max(1, len(node.key)) if per_unit else saved
 
 
 def _normalise(xs: list[float]) -> list[float]:

@@ -137,6 +137,8 @@ class Simulator:
                 max(1, cfg.chunk_tokens // self.unit),
                 self.kv_unit_bytes,
                 lambda: self.now,
+                self.mgr.kv.capacity,
+                self.mgr.slots.capacity,
             )
         )
         self.outcomes: list[Outcome] = []
@@ -243,7 +245,7 @@ class Simulator:
         for stop in (s for s in stops if s <= n_in):
             if not self._extend_to(req, stop):
                 return None
-            mgr.cache_unfinished(req)
+            self._checkpoint(req, stop)
         if not self._extend_to(req, n_in):
             return None
         reserve = mgr.alloc_kv(committed - n_in) if committed > n_in else array("q")
@@ -270,12 +272,24 @@ class Simulator:
         for stop in self._pending_stops.pop(id(req), []):
             if not self._extend_to(req, stop):
                 return
-            mgr.cache_unfinished(req)
+            self._checkpoint(req, stop)
         committed = len(tr.input_units) + max(len(tr.output_units) - 1, 0)
         if not self._extend_to(req, committed):
             return
-        mgr.finish(req, insert=self.policy.finish_insert)
+        insert = self.policy.should_finish_insert(req)
+        key = req.tokens[:committed]
+        mgr.finish(req, insert=insert)
+        if insert:
+            node = mgr.tree.peek(key)
+            if node is not None:
+                self.policy.on_checkpoint(node, committed, True)
         self.policy.on_request_done(req)
+
+    def _checkpoint(self, req: Request, position: int) -> None:
+        self.mgr.cache_unfinished(req)
+        assert req.lock is not None
+        if req.lock.node.state is not None and req.prefix_len == position:
+            self.policy.on_checkpoint(req.lock.node, position, False)
 
     def _hit_tokens(self, tr: TraceRequest, units: int) -> int:
         return min(units * self.unit, tr.input_tokens - 1) if units else 0

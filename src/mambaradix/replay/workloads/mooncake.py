@@ -1,0 +1,108 @@
+"""Mooncake-format block traces (Kimi / Moonshot AI, FAST'25 release).
+
+One JSON object per line::
+
+    {"timestamp": 27482, "input_length": 6955, "output_length": 52,
+     "hash_ids": [46, 47, ..., 2354]}
+
+`timestamp` is the arrival time in ms, the lengths are token counts and
+`hash_ids` are prefix-block hashes of 512 tokens (equal id = equal prefix up to
+that block; the last block is usually partial). The trace becomes a block-level
+`Trace` (`unit_tokens=512`):
+
+* input units are the hash ids themselves;
+* output units are fresh negative ids, `ceil(output_length / 512)` per request,
+  unique across the trace and below every input id, so an answer never matches
+  any cached block (the data says nothing about what answers share);
+* there are no session ids: each request is its own session (`session_id` =
+  request index in file order, `turn_id` = 0).
+"""
+
+from __future__ import annotations
+
+from array import array
+from pathlib import Path
+from typing import NamedTuple
+
+from ..trace import Trace, TraceRequest
+from ._io import Fields, PathLike, TraceFormatError, data_file, json_lines
+
+BLOCK_TOKENS = 512
+BUNDLED_FILE = ("mooncake", "conversation_trace.jsonl.gz")
+BUNDLED_SOURCE = (
+    "Mooncake FAST'25 conversation_trace.jsonl (kvcache-ai/Mooncake@3b5a594, "
+    "FAST25-release/traces/; Apache-2.0; Qin et al., FAST'25)"
+)
+
+
+class _Row(NamedTuple):
+    ts: float
+    input_length: int
+    output_length: int
+    hash_ids: array[int]
+
+
+def _parse_row(path: PathLike, line: int, obj: dict[str, object], block: int, check: bool) -> _Row:
+    f = Fields(path, line, obj)
+    row = _Row(
+        f.number("timestamp") / 1000.0,
+        f.integer("input_length", minimum=1),
+        f.integer("output_length"),
+        f.int_array("hash_ids", nonempty=True),
+    )
+    n = len(row.hash_ids)
+    if check and not (n - 1) * block < row.input_length <= n * block:
+        raise TraceFormatError(
+            path,
+            line,
+            f"{n} hash_ids do not cover input_length={row.input_length} "
+            f"in blocks of {block} tokens (expected ceil(input_length/{block}) ids)",
+        )
+    return row
+
+
+def load_mooncake(
+    path: PathLike,
+    *,
+    name: str | None = None,
+    block_tokens: int = BLOCK_TOKENS,
+    check_lengths: bool = True,
+    limit: int | None = None,
+    source: str | None = None,
+) -> Trace:
+    """Load a Mooncake-format JSONL file (optionally `.gz`) as a block-level Trace.
+
+    `check_lengths` requires `len(hash_ids) == ceil(input_length / block_tokens)`
+    on every line; `limit` keeps only the first `limit` requests. Raises
+    TraceFormatError (a ValueError) naming the line of a malformed record.
+    """
+    if block_tokens < 1:
+        raise ValueError("block_tokens must be >= 1")
+    rows: list[_Row] = []
+    for line, obj in json_lines(path):
+        if limit is not None and len(rows) >= limit:
+            break
+        rows.append(_parse_row(path, line, obj, block_tokens, check_lengths))
+    if not rows:
+        raise TraceFormatError(path, 1, "file has no records")
+    next_out = min(-1, min(min(r.hash_ids) for r in rows) - 1)
+    requests = []
+    for i, r in enumerate(rows):
+        n_out = -(-r.output_length // block_tokens)
+        out = array("q", range(next_out, next_out - n_out, -1))
+        next_out -= n_out
+        requests.append(TraceRequest(i, 0, r.ts, r.hash_ids, out, r.input_length, r.output_length))
+    return Trace(
+        name=name or Path(path).name.removesuffix(".gz").removesuffix(".jsonl"),
+        requests=requests,
+        unit_tokens=block_tokens,
+        source=source or f"Mooncake-format JSONL {path}",
+        meta={"format": "mooncake", "path": str(path), "block_tokens": block_tokens},
+    )
+
+
+def load_bundled_mooncake(limit: int | None = None) -> Trace:
+    """The bundled Mooncake `conversation_trace.jsonl` (12,031 requests, about 1 h)."""
+    return load_mooncake(
+        data_file(*BUNDLED_FILE), name="mooncake", limit=limit, source=BUNDLED_SOURCE
+    )

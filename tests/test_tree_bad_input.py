@@ -1,0 +1,391 @@
+"""Bad input to `MambaRadixCache` is rejected cleanly.
+
+Each case checks two things: the call raises TypeError or ValueError (never a bare
+AssertionError) with a non-empty message, and the tree is exactly as it was: its
+printout (structure, states, locks), the four sizes, every KV index and state it
+holds, and both LRU lists (order and logical clock). Cases that apply to both
+behaviours run for compat None and "sglang", with page sizes 1 and 4.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+
+from mambaradix import LockReceipt, MambaRadixCache
+
+# --------------------------------------------------------------------- helpers
+
+
+def snapshot(cache: MambaRadixCache) -> tuple[Any, ...]:
+    """Everything observable about a tree, including LRU order and clocks."""
+    kv_list, st_list = cache.lru
+    return (
+        cache.pretty(),
+        cache.full_evictable_size(),
+        cache.full_protected_size(),
+        cache.state_evictable_size(),
+        cache.state_protected_size(),
+        cache.node_count(),
+        list(cache.all_kv_indices()),
+        cache.all_states(),
+        [link.node.id for link in kv_list],
+        [link.node.id for link in st_list],
+        kv_list.clock,
+        st_list.clock,
+    )
+
+
+def assert_rejected(
+    cache: MambaRadixCache,
+    call: Callable[[], object],
+    exc: type[Exception] | tuple[type[Exception], ...],
+    match: str | None = None,
+) -> None:
+    """`call` raises `exc` (a message matching `match`) and leaves `cache` unchanged."""
+    before = snapshot(cache)
+    with pytest.raises(exc, match=match) as info:
+        call()
+    assert not isinstance(info.value, AssertionError)
+    assert str(info.value), "the exception has no message"
+    assert snapshot(cache) == before, "a rejected call changed the tree"
+    cache.check_invariants()
+
+
+class Populated(NamedTuple):
+    """A tree with branches, a namespace, a tombstone, an evicted node and a held lock."""
+
+    cache: MambaRadixCache
+    receipt: LockReceipt  # held on `locked`
+    locked: Any  # a node holding a state, locked once
+    tombstone: Any  # an internal node whose state was evicted
+    evicted: Any  # a node deleted by eviction
+    key: list[int]  # the locked key (its end holds a state)
+    other_key: list[int]  # a cached key whose state is not locked
+    page: int
+
+
+def populate(compat: str | None, page: int) -> Populated:
+    """Build the shared bad-input fixture tree:
+
+    root ── A (tombstone) ─┬─ B (state 2, locked)
+     │                     └─ C (state 3)
+     └── [ns "lora"] A (state 4)          and a leaf D, evicted (state 5)
+    """
+    cache = MambaRadixCache(page_size=page, chunk_size=4 * page, compat=compat)
+    p = [[t] * page for t in range(10)]  # p[t]: one page of token t
+    a, b, c, d = p[1] + p[2], p[3], p[4] + p[5], p[6]
+    kv = iter(range(100, 10_000))
+
+    def put(key: list[int], state: int, ns: Any = None) -> None:
+        cache.insert(key, [next(kv) for _ in key], state, extra_key=ns)
+
+    put(a, 1)
+    put(a + b, 2)
+    put(a + c, 3)
+    put(a, 4, ns="lora")
+    put(d, 5)
+    evicted = cache.match_prefix(d).node
+    receipt = cache.inc_lock_ref(cache.match_prefix(a + b).node)
+    cache.match_prefix(a + c)
+    cache.match_prefix(a, extra_key="lora")
+    freed = cache.evict(states=2)  # oldest unlocked states: A's (tombstoned) and D (deleted)
+    assert sorted(freed.freed_states) == [1, 5], freed
+    tombstone = receipt.node.parent
+    assert tombstone.state is None and evicted.parent is None
+    cache.check_invariants()
+    return Populated(cache, receipt, receipt.node, tombstone, evicted, a + b, a + c, page)
+
+
+CONFIGS = [(None, 1), (None, 4), ("sglang", 1), ("sglang", 4)]
+
+
+@pytest.fixture(params=CONFIGS, ids=[f"{c or 'default'}-page{p}" for c, p in CONFIGS])
+def tree(request: pytest.FixtureRequest) -> Populated:
+    return populate(*request.param)
+
+
+def fresh_kv(n: int) -> list[int]:
+    return list(range(50_000, 50_000 + n))
+
+
+# ------------------------------------------------------------------------ keys
+
+BAD_KEYS = [
+    pytest.param(None, id="None"),
+    pytest.param("abc", id="str"),
+    pytest.param(b"\x01\x02", id="bytes"),
+    pytest.param(7, id="int"),
+    pytest.param(3.0, id="float"),
+    pytest.param([1.5, 2.0], id="list-of-float"),
+    pytest.param(["a", "b"], id="list-of-str"),
+    pytest.param([1, None], id="None-item"),
+    pytest.param([2**70], id="overflow"),
+    pytest.param(np.array([1.0, 2.0]), id="numpy-float"),
+]
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+def test_match_rejects_bad_key(tree: Populated, key: Any) -> None:
+    assert_rejected(tree.cache, lambda: tree.cache.match_prefix(key), TypeError, "key")
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+def test_insert_rejects_bad_key(tree: Populated, key: Any) -> None:
+    kv = fresh_kv(4 * tree.page)
+    assert_rejected(tree.cache, lambda: tree.cache.insert(key, kv, 77), TypeError, "key")
+
+
+# ------------------------------------------------------------------ kv_indices
+
+
+def test_insert_rejects_kv_length_mismatch(tree: Populated) -> None:
+    key = tree.key + [9] * tree.page
+    for kv in (fresh_kv(len(key) - 1), fresh_kv(len(key) + 1), []):
+        assert_rejected(
+            tree.cache, lambda kv=kv: tree.cache.insert(key, kv, 77), ValueError, "kv_indices"
+        )
+
+
+@pytest.mark.parametrize(
+    "kv",
+    [None, "abcd", 5, 2.5, [1.5, 2.5, 3.5, 4.5]],
+    ids=["None", "str", "int", "float", "floats"],
+)
+def test_insert_rejects_kv_of_wrong_type(tree: Populated, kv: Any) -> None:
+    key = [9] * 4 * tree.page
+    if isinstance(kv, list):
+        kv = kv * tree.page
+    assert_rejected(tree.cache, lambda: tree.cache.insert(key, kv, 77), TypeError, "kv_indices")
+
+
+# -------------------------------------------------------------- prev_prefix_len
+
+
+@pytest.mark.parametrize(
+    "prev,exc",
+    [
+        (-1, ValueError),
+        ("len+1", ValueError),
+        (1.0, TypeError),
+        ("2", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
+    ids=["negative", "past-the-key", "float", "str", "bool", "None"],
+)
+def test_insert_rejects_bad_prev_prefix_len(tree: Populated, prev: Any, exc: type) -> None:
+    key = tree.key + [9] * tree.page  # extends a cached key: an accepted call would change it
+    if prev == "len+1":
+        prev = len(key) + 1
+    kv = fresh_kv(len(key))
+    assert_rejected(
+        tree.cache,
+        lambda: tree.cache.insert(key, kv, 77, prev_prefix_len=prev),
+        exc,
+        "prev_prefix_len",
+    )
+
+
+# ----------------------------------------------------------------------- state
+
+
+@pytest.mark.parametrize(
+    "state,exc",
+    [
+        (None, ValueError),
+        ("3", TypeError),
+        (3.0, TypeError),
+        (-1, ValueError),
+        (True, TypeError),
+        ([3], TypeError),
+    ],
+    ids=["missing", "str", "float", "negative", "bool", "list"],
+)
+def test_insert_rejects_bad_state(tree: Populated, state: Any, exc: type) -> None:
+    cache = tree.cache
+    new_leaf = tree.key + [9] * tree.page
+    revive = tree.key[: 2 * tree.page]  # ends on the tombstone
+    for key in (new_leaf, revive):
+        kv = fresh_kv(len(key))
+        assert_rejected(cache, lambda key=key, kv=kv: cache.insert(key, kv, state), exc, "state")
+
+
+# -------------------------------------------------------------------- evict
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc",
+    [
+        ({"kv_tokens": -1}, ValueError),
+        ({"states": -1}, ValueError),
+        ({"kv_tokens": 5, "states": -1}, ValueError),  # nothing evicted before the check
+        ({"kv_tokens": 1.5}, TypeError),
+        ({"states": 2.0}, TypeError),
+        ({"kv_tokens": "3"}, TypeError),
+        ({"states": "1"}, TypeError),
+        ({"kv_tokens": None}, TypeError),
+        ({"states": True}, TypeError),
+    ],
+    ids=[
+        "kv-negative",
+        "states-negative",
+        "good-kv-bad-states",
+        "kv-float",
+        "states-float",
+        "kv-str",
+        "states-str",
+        "kv-None",
+        "states-bool",
+    ],
+)
+def test_evict_rejects_bad_amounts(tree: Populated, kwargs: dict[str, Any], exc: type) -> None:
+    name = "kv_tokens" if "states" not in kwargs else "states"
+    assert_rejected(tree.cache, lambda: tree.cache.evict(**kwargs), exc, name)
+
+
+# -------------------------------------------------------------------- locks
+
+
+def test_unlock_twice(tree: Populated) -> None:
+    cache = tree.cache
+    cache.dec_lock_ref(tree.receipt)
+    assert not tree.receipt.active
+    assert_rejected(cache, lambda: cache.dec_lock_ref(tree.receipt), ValueError, "released")
+
+
+def test_unlock_twice_by_node(tree: Populated) -> None:
+    """The SGLang-style release by node cannot release more than was locked."""
+    cache = tree.cache
+    cache.dec_lock_ref(tree.locked)
+    assert_rejected(cache, lambda: cache.dec_lock_ref(tree.locked), ValueError, "lock")
+
+
+@pytest.mark.parametrize("thing", [None, 3, "receipt", object()], ids=["None", "int", "str", "obj"])
+def test_unlock_non_receipt(tree: Populated, thing: Any) -> None:
+    assert_rejected(tree.cache, lambda: tree.cache.dec_lock_ref(thing), TypeError, "LockReceipt")
+
+
+def test_unlock_node_never_locked(tree: Populated) -> None:
+    cache = tree.cache
+    node = cache.match_prefix(tree.other_key).node
+    assert node.state == 3 and node.st.lock == 0
+    assert_rejected(cache, lambda: cache.dec_lock_ref(node), ValueError, "lock")
+
+
+def test_unlock_receipt_of_another_cache(tree: Populated) -> None:
+    other = populate(tree.cache.compat, tree.page)
+    before_other = snapshot(other.cache)
+    assert_rejected(tree.cache, lambda: tree.cache.dec_lock_ref(other.receipt), ValueError, "tree")
+    assert snapshot(other.cache) == before_other and other.receipt.active
+
+
+def test_lock_node_of_another_cache(tree: Populated) -> None:
+    other = populate(tree.cache.compat, tree.page)
+    before_other = snapshot(other.cache)
+    assert_rejected(tree.cache, lambda: tree.cache.inc_lock_ref(other.locked), ValueError, "tree")
+    assert snapshot(other.cache) == before_other  # the failed walk was rolled back
+
+
+def test_lock_evicted_node(tree: Populated) -> None:
+    assert_rejected(tree.cache, lambda: tree.cache.inc_lock_ref(tree.evicted), ValueError, "tree")
+
+
+def test_lock_node_deleted_by_reset() -> None:
+    cache = MambaRadixCache()
+    cache.insert([1, 2], [10, 11], 1)
+    node = cache.match_prefix([1, 2]).node
+    cache.reset()
+    assert_rejected(cache, lambda: cache.inc_lock_ref(node), ValueError, "tree")
+
+
+def test_lock_tombstone(tree: Populated) -> None:
+    assert_rejected(
+        tree.cache, lambda: tree.cache.inc_lock_ref(tree.tombstone), ValueError, "state"
+    )
+
+
+@pytest.mark.parametrize("thing", [None, 3, "node"], ids=["None", "int", "str"])
+def test_lock_non_node(tree: Populated, thing: Any) -> None:
+    assert_rejected(tree.cache, lambda: tree.cache.inc_lock_ref(thing), TypeError, "TreeNode")
+
+
+def test_lock_receipt_instead_of_node(tree: Populated) -> None:
+    assert_rejected(
+        tree.cache, lambda: tree.cache.inc_lock_ref(tree.receipt), TypeError, "TreeNode"
+    )
+
+
+def test_reset_while_locked(tree: Populated) -> None:
+    assert_rejected(tree.cache, tree.cache.reset, RuntimeError, "lock")
+
+
+# A lock on the root (a match that found nothing) protects nothing, so reset() accepts
+# it; releasing that receipt afterwards must still succeed (a scheduler finishing such
+# a request after a reset must not crash).
+def test_root_receipt_survives_reset() -> None:
+    cache = MambaRadixCache()
+    receipt = cache.inc_lock_ref(cache.match_prefix([1, 2]).node)  # empty tree: the root
+    with contextlib.suppress(RuntimeError):
+        cache.reset()
+    cache.dec_lock_ref(receipt)
+    assert not receipt.active
+
+
+# ----------------------------------------------------------- pages and namespaces
+
+
+def test_default_mode_rejects_partial_page_insert() -> None:
+    tree = populate(None, 4)
+    for key in ([9] * 7, tree.key + [9], [9] * 3):
+        kv = fresh_kv(len(key))
+        assert_rejected(
+            tree.cache,
+            lambda key=key, kv=kv: tree.cache.insert(key, kv, 77),
+            ValueError,
+            "page_size",
+        )
+
+
+@pytest.mark.parametrize(
+    "ns", [[1], {"a": 1}, {1}, (1, [2])], ids=["list", "dict", "set", "tuple-with-list"]
+)
+def test_unhashable_extra_key(tree: Populated, ns: Any) -> None:
+    cache, key = tree.cache, tree.key
+    kv = fresh_kv(len(key))
+    assert_rejected(cache, lambda: cache.match_prefix(key, extra_key=ns), TypeError, "hashable")
+    assert_rejected(cache, lambda: cache.insert(key, kv, 77, extra_key=ns), TypeError, "hashable")
+
+
+# ----------------------------------------------------------------- constructor
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"page_size": 0},
+        {"page_size": -1},
+        {"page_size": 1.5},
+        {"page_size": "4"},
+        {"page_size": True},
+        {"page_size": None},
+        {"chunk_size": 0},
+        {"chunk_size": -64},
+        {"chunk_size": 64.0},
+        {"page_size": 4, "chunk_size": 6},
+        {"page_size": 16, "chunk_size": 8},
+        {"compat": "vllm"},
+        {"compat": "SGLang"},
+        {"compat": 1},
+    ],
+    ids=lambda kw: ",".join(f"{k}={v!r}" for k, v in kw.items()),
+)
+def test_constructor_rejects(kwargs: dict[str, Any]) -> None:
+    name = "compat" if "compat" in kwargs else ("chunk_size" if "chunk_size" in kwargs else "page")
+    with pytest.raises((TypeError, ValueError), match=name) as info:
+        MambaRadixCache(**kwargs)
+    assert str(info.value)
