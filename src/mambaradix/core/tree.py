@@ -525,7 +525,12 @@ class MambaRadixCache:
         if not lock.active:
             raise ValueError(f"{lock!r} was already released")
         node = lock.node
-        if node.parent is None and not lock.state_locked and node.kv.lock == 1 and node.st.lock == 1:
+        if (
+            node.parent is None
+            and not lock.state_locked
+            and node.kv.lock == 1
+            and node.st.lock == 1
+        ):
             lock.active = False  # a root receipt (locks nothing; also one from before a reset)
             return
         if lock.state_locked and (node.st.lock <= 0 or node.state is None):
