@@ -196,55 +196,72 @@ class Marconi(Policy):
 class MambaRadix(Policy):
     """Ours.
 
-    Admission, adaptive: three kinds of checkpoint are candidates: the branch
-    point (where the input leaves the cached KV, so the next request sharing
-    this prefix hits), the last prompt unit (an identical or retried prompt
-    hits, #22935; for block traces, the last full block, which the next turn
-    shares), and the finished sequence (the next turn). Each kind is admitted
-    while it earns its keep: after a warm-up, a kind whose checkpoints are
-    rarely reused (under 2% of them ever hit, or under a quarter of the best
-    kind's rate) is admitted only once in 16 (to notice if the workload
-    changes). On multi-turn chat the finished sequence wins and prompt-end
-    states are dropped; on block traces whose outputs never recur (Mooncake)
-    it is the other way round. No chunk-end checkpoints: they rarely
-    match and each costs a state.
+    Admission. Every request checkpoints its branch point (where its input
+    leaves the cached KV: the next request sharing this prefix hits, Marconi's
+    speculative insertion without its extra pass) and its finished sequence
+    (the next turn). A third kind, the state at the last prompt unit, makes an
+    identical or retried prompt hit (#22935) and, on block traces, the last
+    full block that the next turn shares (Mooncake, whose outputs never
+    recur). It is admitted adaptively: after a short trial (fewer states for
+    tiny pools), only while such states are reused often enough, at least 2%
+    of them and at least a quarter of the finished states' rate (finished
+    states usually cover the same path); otherwise once in 32, to notice a
+    change. A request's prompt state is demoted to the bottom as soon as its
+    own finished state lands below it. The finished sequence is skipped only
+    when finished states are never reused and the prompt state already put
+    the request in the tree. No chunk-end checkpoints: they rarely match and
+    each costs a state.
 
     Eviction: GreedyDual-Size-Frequency. A state's priority is
-    L + hits * (prefill FLOPs it saves over the nearest cached state above it)
-    / (what evicting it frees: one state slot, or for a KV shortage the leaf's
-    KV units); the lowest goes first and L rises to its priority, so recency,
-    reuse and recompute cost all count."""
+    L + hits * (prefill FLOPs it saves over the nearest cached state above it),
+    per state slot, or per KV unit when KV is short (only leaves free KV);
+    the lowest goes first and L rises to its priority, so recency, reuse and
+    recompute cost all count."""
 
     name = "mambaradix"
     kinds = ("branch", "prompt", "finish")
-    warmup, min_useful, relative, explore_every = 16, 0.02, 0.0, 32
+    warmup, min_useful, relative, explore_every = 16, 0.02, 0.25, 32
 
     def __init__(self) -> None:
         self.inflation = 0.0
         self.stats = {k: [0, 0] for k in self.kinds}  # admitted, reused at least once
         self.skipped = dict.fromkeys(self.kinds, 0)
+        self.prompt_taken: dict[int, bool] = {}
+
+    def rate(self, kind: str) -> float:
+        admitted, useful = self.stats[kind]
+        return useful / admitted if admitted else 0.0
 
     def admits(self, kind: str) -> bool:
-        admitted, useful = self.stats[kind]
-        if admitted < self.warmup:
+        """Finished states and branch points always; a prompt-end state while
+        such states are reused often enough, absolutely and relative to the
+        finished states that usually cover the same path (see the class doc)."""
+        # Trying prompt-end states costs states: a tiny pool tries fewer.
+        warmup = max(2, min(self.warmup, self.ctx.state_capacity // 8))
+        if kind != "prompt" or self.stats["prompt"][0] < warmup:
             return True
-        best = max(u / a for a, u in self.stats.values() if a)
-        if useful >= max(self.min_useful, self.relative * best) * admitted:
+        if self.rate("prompt") >= max(self.min_useful, self.relative * self.rate("finish")):
             return True
         self.skipped[kind] += 1
         return self.skipped[kind] % self.explore_every == 0
 
     def stops(self, req: Request, n_in: int, committed: int) -> list[int]:
         points: dict[int, str] = {}
-        if req.computed < req.kv_hit_len < n_in and self.admits("branch"):
+        if req.computed < req.kv_hit_len < n_in:
             points[req.kv_hit_len] = "branch"
         if n_in - 1 > req.computed and self.admits("prompt"):
             points.setdefault(n_in - 1, "prompt")
         self.pending = points
+        self.prompt_taken[id(req)] = "prompt" in points.values()
         return sorted(points)
 
     def should_finish_insert(self, req: Request) -> bool:
-        return self.admits("finish")
+        """Skip the finished sequence only when its states are never reused and
+        the prompt-end checkpoint already put this request's prompt in the tree
+        (otherwise the insert is what lets later requests find a branch point)."""
+        took_prompt = self.prompt_taken.pop(id(req), False)
+        useless = self.stats["finish"][0] >= self.warmup and self.rate("finish") < self.min_useful
+        return not (useless and took_prompt)
 
     def on_checkpoint(self, node: TreeNode, position: int, final: bool) -> None:
         kind = "finish" if final else self.pending.get(position)
