@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -22,10 +23,15 @@ def replay(
     sim = Simulator(trace, profile, policy, cfg)
     if isinstance(policy, Marconi):
         policy.tuner = lambda alpha: _window_flops(sim, profile, cfg, alpha)
+    start = time.perf_counter()
     sim.run()
-    return metrics(sim, policy_name, cfg) | (
-        {"alpha": policy.alpha} if isinstance(policy, Marconi) else {}
-    )
+    elapsed = time.perf_counter() - start
+    out = metrics(sim, policy_name, cfg)
+    out["replay_s"] = elapsed
+    out["requests_per_s"] = len(trace) / elapsed if elapsed else 0.0
+    if isinstance(policy, Marconi):
+        out["alpha"] = policy.alpha
+    return out
 
 
 def _window_flops(sim: Simulator, profile: ModelProfile, cfg: ServingConfig, alpha: float) -> float:
