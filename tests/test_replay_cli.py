@@ -297,3 +297,25 @@ def test_console_script_exit_status(tmp_path: Path, tiny_trace: Path) -> None:
     )
     assert bad.returncode == 2
     assert "unknown policy nope" in bad.stderr
+
+
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_limit_must_be_positive(limit: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from mambaradix.cli import main
+
+    code = main(
+        [
+            "replay",
+            "--limit",
+            limit,
+            "--memory",
+            "40",
+            "--policy",
+            "sglang",
+            "--no-progress",
+            "--workers",
+            "1",
+        ]
+    )
+    assert code != 0
+    assert "--limit" in capsys.readouterr().err

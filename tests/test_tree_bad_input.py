@@ -389,3 +389,31 @@ def test_constructor_rejects(kwargs: dict[str, Any]) -> None:
     with pytest.raises((TypeError, ValueError), match=name) as info:
         MambaRadixCache(**kwargs)
     assert str(info.value)
+
+
+# ------------------------------------------------------------ state ids, numpy ints
+
+
+@pytest.mark.parametrize("compat", [None, "sglang"])
+def test_state_already_held_is_rejected(compat: str | None) -> None:
+    cache = MambaRadixCache(compat=compat)
+    cache.insert([1, 2], [10, 11], 7)
+    before = cache.pretty(), cache.all_kv_indices(), cache.all_states()
+    with pytest.raises(ValueError, match="already held"):
+        cache.insert([3, 4], [12, 13], 7)
+    assert (cache.pretty(), cache.all_kv_indices(), cache.all_states()) == before
+    cache.evict(states=1)  # once freed, the slot id may come back
+    cache.insert([3, 4], [12, 13], 7)
+    cache.check_invariants()
+
+
+def test_numpy_ints_are_accepted_where_ints_are() -> None:
+    import numpy as np
+
+    cache = MambaRadixCache()
+    r = cache.insert(
+        np.array([1, 2, 3]), np.array([5, 6, 7]), np.int64(2), prev_prefix_len=np.int64(0)
+    )
+    assert r.prefix_len == 0 and not r.state_existed
+    assert cache.evict(kv_tokens=np.int64(3)).kv_tokens == 3
+    cache.check_invariants()

@@ -80,7 +80,10 @@ def _replay(args: argparse.Namespace) -> int:
     except (KeyError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.limit:
+    if args.limit is not None:
+        if args.limit < 1:
+            print("error: --limit must be a positive number of requests", file=sys.stderr)
+            return 2
         trace.requests = trace.requests[: args.limit]
     base = ServingConfig(memory_gb=args.memory[0], sequential=args.sequential, rate=args.rate)
     if args.state_fraction is not None:

@@ -61,6 +61,8 @@ def check_tree(tree: MambaRadixCache) -> None:
         )
     _check_lists(tree, nodes)
     _check_ownership(nodes)
+    if tree._held_states != {n.state for n in nodes if n.state is not None}:
+        raise AssertionError("I9 the tree's record of held state slots is out of date")
 
 
 def _check_node(tree: MambaRadixCache, node: TreeNode) -> None:

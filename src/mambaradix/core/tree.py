@@ -101,6 +101,7 @@ class MambaRadixCache:
         self.lru = (LRUList(), LRUList())
         self._evictable = [0, 0]  # indexed by Resource: KV tokens, states
         self._protected = [0, 0]
+        self._held_states: set[int] = set()  # every state slot the tree owns
 
     def reset(self) -> EvictResult:
         """Empty the tree and return everything it owned (the caller frees it).
@@ -242,7 +243,9 @@ class MambaRadixCache:
         self._check_insert_args(tokens, values, state, prev_prefix_len, extra_key)
         if len(tokens) == 0:
             return InsertResult(0, True, array("q"))
-        return self._insert(tokens, values, operator.index(state), prev_prefix_len, extra_key)
+        return self._insert(
+            tokens, values, operator.index(state), operator.index(prev_prefix_len), extra_key
+        )
 
     def _check_insert_args(
         self, tokens: array[int], values: array[int], state: Any, prev: Any, extra_key: Any
@@ -259,8 +262,11 @@ class MambaRadixCache:
             raise TypeError(f"state must be an int slot id, got {type(state).__name__}")
         if operator.index(state) < 0:
             raise ValueError(f"state must be a slot id >= 0, got {state}")
-        if isinstance(prev, bool) or not isinstance(prev, int):
+        if operator.index(state) in self._held_states:
+            raise ValueError(f"state slot {state} is already held by the tree")
+        if isinstance(prev, bool) or not hasattr(prev, "__index__"):
             raise TypeError(f"prev_prefix_len must be an int, got {type(prev).__name__}")
+        prev = operator.index(prev)
         if not 0 <= prev <= len(tokens):
             raise ValueError(f"prev_prefix_len={prev} outside [0, {len(tokens)}]")
         if not self._sglang and len(tokens) % self.page_size:
@@ -306,6 +312,7 @@ class MambaRadixCache:
         kv_lru.move_mru(node.kv)
         if node.state is None:  # a tombstone at the key's end: revive it
             node.state = state
+            self._held_states.add(state)
             st_lru.push_mru(node.st)
             self._evictable[STATE] += 1
             return InsertResult(off, False, freed)
@@ -333,6 +340,7 @@ class MambaRadixCache:
         ns = extra_key if parent is self.root else parent.namespace
         leaf = TreeNode(parent, tokens[off:], values[off:], state, ns)
         parent.children[self._child_key(parent, tokens, off, extra_key)] = leaf
+        self._held_states.add(state)
         self.lru[KV].push_mru(leaf.kv)
         self.lru[STATE].push_mru(leaf.st)
         self._evictable[KV] += len(leaf.value)
@@ -408,6 +416,7 @@ class MambaRadixCache:
         if node.children:
             assert node.state is not None
             freed_states.append(node.state)
+            self._held_states.discard(node.state)
             self.lru[STATE].remove(node.st)
             node.state = None
             self._evictable[STATE] -= 1
@@ -463,6 +472,7 @@ class MambaRadixCache:
         ancestor)."""
         assert leaf.state is not None and leaf.kv.lock == 0 and leaf.st.lock == 0
         freed_states.append(leaf.state)
+        self._held_states.discard(leaf.state)
         self.lru[STATE].remove(leaf.st)
         self._evictable[STATE] -= 1
         parent = leaf.parent

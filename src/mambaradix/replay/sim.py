@@ -80,6 +80,9 @@ class _BudgetedKV(TokenKVAllocator):
     def available_size(self) -> int:
         return min(super().available_size(), self.shared.free_bytes() // self.shared.kv_unit_bytes)
 
+    def free_list_size(self) -> int:
+        return super().available_size()
+
     def alloc(self, n: int) -> array[int] | None:
         if n > self.available_size():
             return None
@@ -100,6 +103,9 @@ class _BudgetedSlots(StateSlotAllocator):
 
     def available_size(self) -> int:
         return min(super().available_size(), self.shared.free_bytes() // self.shared.state_bytes)
+
+    def free_list_size(self) -> int:
+        return super().available_size()
 
     def alloc(self, n: int) -> list[int] | None:
         if n > self.available_size():
