@@ -319,3 +319,38 @@ def test_limit_must_be_positive(limit: str, capsys: pytest.CaptureFixture[str]) 
     )
     assert code != 0
     assert "--limit" in capsys.readouterr().err
+
+
+def test_state_fraction_sweep(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    code = main(
+        [
+            "replay",
+            "--trace",
+            "synthetic-multi-turn",
+            "--memory",
+            "2,5",
+            "--state-fraction",
+            "0.3,0.6",
+            "--policy",
+            "sglang,mambaradix",
+            "--no-progress",
+            "--workers",
+            "1",
+            "--json",
+            str(out),
+            "--plot",
+            str(tmp_path / "r.png"),
+            "--prefill-tflops",
+            "1000",
+            "--tpot-ms",
+            "10",
+        ]
+    )
+    assert code == 0
+    data = json.loads(out.read_text())
+    points = {(r["policy"], r["memory_gb"], r["state_fraction"]) for r in data["results"]}
+    assert len(points) == 8
+    assert {r["config"]["prefill_flops_per_s"] for r in data["results"]} == {1e15}
+    caps = {(r["memory_gb"], r["state_fraction"]): r["state_capacity"] for r in data["results"]}
+    assert caps[(2.0, 0.6)] > caps[(2.0, 0.3)]  # the split really moves memory between pools

@@ -21,6 +21,18 @@ def _floats(text: str) -> list[float]:
     return values
 
 
+def _fractions(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected fractions separated by commas, got {text!r}"
+        ) from None
+    if not values or any(not 0 < v < 1 for v in values):
+        raise argparse.ArgumentTypeError("state fractions must lie strictly between 0 and 1")
+    return values
+
+
 def _names(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -46,7 +58,17 @@ def _add_replay(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--policy", type=_names, default=None, help="comma-separated (default: all)")
     p.add_argument("--sequential", action="store_true", help="Marconi's simulator discipline")
-    p.add_argument("--state-fraction", type=float, default=None, help="share of memory for states")
+    p.add_argument(
+        "--state-fraction",
+        type=_fractions,
+        default=None,
+        help="share of memory for the state pool, e.g. 0.3,0.47,0.7 to sweep the split",
+    )
+    p.add_argument(
+        "--prefill-tflops", type=float, default=2400.0, help="prefill throughput, TFLOP/s"
+    )
+    p.add_argument("--tpot-ms", type=float, default=20.0, help="decode time per output token, ms")
+    p.add_argument("--chunk-tokens", type=int, default=8192, help="prefill chunk size in tokens")
     p.add_argument("--rate", type=float, default=None, help="requests/s instead of trace times")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--workers", type=int, default=None, help="parallel processes (default: cores)")
@@ -85,12 +107,30 @@ def _replay(args: argparse.Namespace) -> int:
             print("error: --limit must be a positive number of requests", file=sys.stderr)
             return 2
         trace.requests = trace.requests[: args.limit]
-    base = ServingConfig(memory_gb=args.memory[0], sequential=args.sequential, rate=args.rate)
-    if args.state_fraction is not None:
-        from dataclasses import replace
-
-        base = replace(base, state_fraction=args.state_fraction)
-    data = sweep(trace, profile, policies, args.memory, base, args.workers, not args.no_progress)
+    if args.prefill_tflops <= 0 or args.tpot_ms < 0 or args.chunk_tokens < 1:
+        print(
+            "error: --prefill-tflops, --tpot-ms and --chunk-tokens must be positive",
+            file=sys.stderr,
+        )
+        return 2
+    base = ServingConfig(
+        memory_gb=args.memory[0],
+        sequential=args.sequential,
+        rate=args.rate,
+        prefill_flops_per_s=args.prefill_tflops * 1e12,
+        tpot_s=args.tpot_ms / 1e3,
+        chunk_tokens=args.chunk_tokens,
+    )
+    data = sweep(
+        trace,
+        profile,
+        policies,
+        args.memory,
+        base,
+        args.workers,
+        not args.no_progress,
+        state_fractions=args.state_fraction,
+    )
     elapsed = time.perf_counter() - start
     data["elapsed_s"] = elapsed
     print(table(data))

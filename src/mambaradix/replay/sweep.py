@@ -30,10 +30,19 @@ def sweep(
     base: ServingConfig,
     workers: int | None = None,
     progress: bool = True,
+    state_fractions: list[float] | None = None,
 ) -> dict[str, Any]:
+    """Every (state fraction, memory, policy) point; several state fractions
+    sweep the split of memory between the KV pool and the state pool."""
     global _WORK
     _WORK = (trace, profile)
-    points = [(p, replace(base, memory_gb=m)) for m in memories for p in policies]
+    fractions = state_fractions or [base.state_fraction]
+    points = [
+        (p, replace(base, memory_gb=m, state_fraction=f))
+        for f in fractions
+        for m in memories
+        for p in policies
+    ]
     workers = workers or min(len(points), os.cpu_count() or 1)
     results: list[dict[str, Any]] = []
     bar = _bar(len(points), progress)
@@ -51,8 +60,10 @@ def sweep(
                 results.append(f.result())
                 bar.update(1)
     bar.close()
-    order = {(p, m): i for i, (p, m) in enumerate((p, c.memory_gb) for p, c in points)}
-    results.sort(key=lambda r: order[(r["policy"], r["memory_gb"])])
+    order = {(p, c.memory_gb, c.state_fraction): i for i, (p, c) in enumerate(points)}
+    for r in results:
+        r["state_fraction"] = r["config"]["state_fraction"]
+    results.sort(key=lambda r: order[(r["policy"], r["memory_gb"], r["state_fraction"])])
     bound = bound_token_hit_rate(trace)
     for r in results:
         r["share_of_bound"] = r["token_hit_rate"] / bound if bound else 0.0
@@ -105,7 +116,12 @@ def table(data: dict[str, Any]) -> str:
         head,
         "-" * len(head),
     ]
+    several = len({r.get("state_fraction") for r in data["results"]}) > 1
+    shown = None
     for r in data["results"]:
+        if several and r["state_fraction"] != shown:
+            shown = r["state_fraction"]
+            lines.append(f"  state pool {shown:.0%} of memory:")
         lines.append(
             f"{r['memory_gb']:>5g}GB {r['policy']:<12} {r['token_hit_rate']:>8.1%} "
             f"{r['share_of_bound']:>8.1%} {r['request_hit_rate']:>8.1%} "
@@ -124,16 +140,19 @@ def plot(data: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    fractions = list(dict.fromkeys(r.get("state_fraction") for r in data["results"]))
     policies = list(dict.fromkeys(r["policy"] for r in data["results"]))
-    for p in policies:
-        rows = [r for r in data["results"] if r["policy"] == p]
-        ax.plot(
-            [r["memory_gb"] for r in rows],
-            [r["token_hit_rate"] for r in rows],
-            marker="o",
-            label=p,
-            linewidth=2.5 if p == "mambaradix" else 1.5,
-        )
+    for f in fractions:
+        for p in policies:
+            rows = [r for r in data["results"] if r["policy"] == p and r.get("state_fraction") == f]
+            label = p if len(fractions) == 1 else f"{p} (states {f:.0%})"
+            ax.plot(
+                [r["memory_gb"] for r in rows],
+                [r["token_hit_rate"] for r in rows],
+                marker="o",
+                label=label,
+                linewidth=2.5 if p == "mambaradix" else 1.5,
+            )
     ax.axhline(
         data["bound"]["token_hit_rate"],
         color="black",
