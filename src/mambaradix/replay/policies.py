@@ -220,7 +220,7 @@ class MambaRadix(Policy):
 
     name = "mambaradix"
     kinds = ("branch", "prompt", "finish")
-    warmup, min_useful, relative, explore_every = 16, 0.02, 0.25, 32
+    warmup, min_useful, relative, explore_every = 16, 0.02, 0.5, 32
 
     def __init__(self) -> None:
         self.inflation = 0.0
