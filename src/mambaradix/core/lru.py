@@ -45,16 +45,8 @@ class LRUList:
 
     def move_mru(self, link: Link) -> None:
         """Move a listed link to the MRU end."""
-        prev, nxt = link.prev, link.next
-        assert prev is not None and nxt is not None, "link is not in the list"
-        prev.next, nxt.prev = nxt, prev
-        first = self.head.next
-        assert first is not None
-        link.prev, link.next = self.head, first
-        first.prev = link
-        self.head.next = link
-        self.clock += 1
-        link.stamp = self.clock
+        self.remove(link)
+        self.push_mru(link)
 
     def splice_mru(self, links: list[Link]) -> None:
         """Move listed links to the MRU end in one pass, links[0] newest: the
