@@ -60,8 +60,8 @@ class PoolAdapter:
         self.config = model.config
         self.device = next(model.parameters()).device
         self.dtype: torch.dtype = next(model.parameters()).dtype
-        self._cache_cls = DynamicCache
-        probe = DynamicCache(config=self.config)
+        self._cache_cls: Any = DynamicCache  # typed as Any: layers are duck-typed below
+        probe: Any = DynamicCache(config=self.config)
         with torch.no_grad():
             ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
             pos = torch.zeros((1, 1), dtype=torch.long, device=self.device)
@@ -92,9 +92,9 @@ class PoolAdapter:
         if kv_shape is None or conv_shape is None or ssm_shape is None:
             raise ValueError("the model needs at least one attention and one recurrent layer")
         self.kv_heads, self.head_dim = kv_shape
-        shape = (len(self.attn_layers), kv_tokens, self.kv_heads, self.head_dim)
-        self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        pool_shape = (len(self.attn_layers), kv_tokens, self.kv_heads, self.head_dim)
+        self.k = torch.zeros(pool_shape, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros(pool_shape, dtype=self.dtype, device=self.device)
         self.geometry = StateGeometry(
             num_layers=len(self.rec_layers),
             conv_shapes=(conv_shape,),

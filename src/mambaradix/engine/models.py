@@ -24,7 +24,7 @@ _COMMON: dict[str, Any] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 16,
-    "initializer_range": 0.1,
+    "initializer_range": 0.05,
     "tie_word_embeddings": False,
 }
 

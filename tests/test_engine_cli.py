@@ -1,0 +1,31 @@
+"""`mambaradix engine`: the real-text multi-turn comparison, cache on vs off."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+
+def test_engine_cli_mt_bench(capsys: pytest.CaptureFixture[str]) -> None:
+    from mambaradix.cli import main
+    from mambaradix.engine.workload import trace_sessions
+
+    try:
+        trace_sessions("mt-bench", 1024, 1)
+    except ImportError as e:  # the `text` extra is missing
+        pytest.skip(str(e))
+    args = ["engine", "--sessions", "3", "--max-new-tokens", "4", "--chunk-size", "32"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "outputs identical: yes" in out
+    for label in ("prompt tokens", "prefill tokens computed", "hit rate", "time per request"):
+        assert label in out
+
+
+def test_engine_cli_rejects_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
+    from mambaradix.cli import main
+
+    assert main(["engine", "--model", "no-such-model"]) == 2
+    assert "unknown model" in capsys.readouterr().err
