@@ -233,6 +233,12 @@ def _engine(args: argparse.Namespace) -> int:
     for label, key, fmt in rows:
         on, off = data["cache"][key], data["no cache"][key]
         print(f"{label:32}{fmt.format(on):>12}{fmt.format(off):>12}")
+    pred = data["replay"]
+    print(
+        f"prefill saved by the cache: {data['cache']['hit_rate']:.1%}; `mambaradix replay` "
+        f"predicts {pred['token_hit_rate']:.1%} for these requests and pools "
+        f"(bound {pred['bound_token_hit_rate']:.1%})"
+    )
     print(f"\n({time.perf_counter() - start:.1f} s)")
     return 0 if data["identical"] else 1
 

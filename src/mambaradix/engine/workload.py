@@ -130,4 +130,54 @@ def compare_cache(
         }
     out["identical"] = runs["cache"].output_ids() == runs["no cache"].output_ids()
     out["requests"] = runs["cache"].num_requests
+    kv_tokens = engine_kw.get("kv_tokens", 65536)
+    state_slots = engine_kw.get("state_slots", 64)
+    out["replay"] = replay_prediction(runs["cache"], kv_tokens, state_slots)
     return out
+
+
+def replay_prediction(run: ConversationRun, kv_tokens: int, state_slots: int) -> dict[str, float]:
+    """What `mambaradix replay` predicts for the same requests and pool sizes:
+    the engine's own prompts and answers as a token trace (round t of every
+    session at t * 1000 s), replayed with the `mambaradix` policy through pools
+    of exactly `kv_tokens` KV tokens and `state_slots` states (a profile of one
+    byte per KV token and one byte per state makes the GB budget exact)."""
+    from array import array
+
+    from mambaradix.replay.bound import bound_token_hit_rate
+    from mambaradix.replay.models import ModelProfile
+    from mambaradix.replay.run import replay
+    from mambaradix.replay.sim import ServingConfig
+    from mambaradix.replay.trace import Trace, TraceRequest
+
+    reqs = [
+        TraceRequest(
+            s,
+            t,
+            t * 1000.0 + s * 1e-3,
+            array("q", p),
+            array("q", r.output_ids),
+            len(p),
+            len(r.output_ids),
+        )
+        for s, (prompts, results) in enumerate(zip(run.prompts, run.results, strict=True))
+        for t, (p, r) in enumerate(zip(prompts, results, strict=True))
+    ]
+    trace = Trace("engine-run", reqs)
+    profile = ModelProfile(
+        name="unit",
+        source="one byte per KV token and per state",
+        kv_bytes_per_token=1,
+        state_bytes=1,
+        linear_flops_per_token=1,
+        attn_flops_per_pair=1,
+    )
+    total = kv_tokens + state_slots
+    cfg = ServingConfig(
+        memory_gb=total / 1e9, state_fraction=(state_slots + 0.5) / total, max_running=8
+    )
+    r = replay(trace, profile, "mambaradix", cfg)
+    return {
+        "token_hit_rate": float(r["token_hit_rate"]),
+        "bound_token_hit_rate": bound_token_hit_rate(trace),
+    }
