@@ -11,7 +11,8 @@ Two multi-turn workloads, each served twice with the same seeded random weights:
              the model's vocabulary; needs the `text` extra, skipped without it)
 Columns: requests/s over the whole run, mean and median TTFT (from a round's submission to
 the request's first token; all sessions' turn t are submitted together), prefill tokens
-computed, hit rate, and whether greedy outputs match with and without the cache.
+computed, hit rate, the hit rate `mambaradix replay` predicts for the same requests and pool
+sizes, and whether greedy outputs match with and without the cache.
 Batch size is 1 per forward (round-robin), so requests/s is a latency-bound number.
 """
 
@@ -68,7 +69,7 @@ def main() -> None:
     overrides = {"hidden_size": args.hidden} if args.hidden else None
     head = (
         f"{'model':17}{'workload':11}{'cache':>6}{'req':>5}{'req/s':>8}{'TTFT mean':>11}"
-        f"{'TTFT p50':>10}{'prefill':>9}{'hit':>7}{'same':>6}"
+        f"{'TTFT p50':>10}{'prefill':>9}{'hit':>7}{'replay':>8}{'same':>6}"
     )
     print(head)
     print("-" * len(head))
@@ -86,6 +87,7 @@ def main() -> None:
                     f"{data['requests']:>5}{d['requests_per_s']:>8.1f}"
                     f"{d['mean_ttft_s'] * 1e3:>9.1f}ms{d['p50_ttft_s'] * 1e3:>8.1f}ms"
                     f"{d['computed_prefill_tokens']:>9.0f}{d['hit_rate']:>7.1%}"
+                    f"{data['replay']['token_hit_rate'] if label == 'cache' else 0.0:>8.1%}"
                     f"{'yes' if data['identical'] else 'NO':>6}"
                 )
     print(f"\n({time.perf_counter() - start:.1f} s, {args.threads} threads)")

@@ -118,11 +118,13 @@ def test_shared_system_prompt_exact_and_branch_checkpoint(net: Any, chunk_size: 
         eng.check()
     _assert_same(out[True], out[False])
     on = out[True]
-    # The batch is admitted at once, after `first` finished: each prompt hits
-    # `first`'s last chunk-end checkpoint inside the system prompt, and stops
-    # at its branch point (end of the system prompt) to checkpoint there ...
-    assert all(r.cached_tokens == len(system) // chunk_size * chunk_size for r in on[1:5])
-    # ... which a later prompt with the same system prompt reuses whole.
+    # The batch is admitted one sequence per step, after `first` finished: its
+    # first prompt hits `first`'s last chunk-end checkpoint inside the system
+    # prompt and stops at its branch point (end of the system prompt) to
+    # checkpoint there in its first step, before the next one is admitted ...
+    assert on[1].cached_tokens == len(system) // chunk_size * chunk_size
+    assert all(r.cached_tokens == len(system) for r in on[2:5])
+    # ... which a later prompt with the same system prompt reuses whole too.
     assert on[6].cached_tokens >= len(system)
     assert on[5].cached_tokens == len(batch[1]) - 1  # its previous prompt (input - 1 stop)
 

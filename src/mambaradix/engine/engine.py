@@ -3,8 +3,10 @@
 Scheduling (deliberately simple; batch size 1 per forward):
 
 * `generate(prompts)` queues one sequence per prompt. Up to `max_running`
-  sequences are admitted (`CacheManager.admit`: match, lock, copy-on-write of
-  the matched state into the sequence's running slot).
+  sequences run at once; they are admitted one per step (`CacheManager.admit`:
+  match, lock, copy-on-write of the matched state into the sequence's running
+  slot), so a sequence's first prefill chunk is checkpointed before the next
+  one is matched and prompts submitted together reuse each other's prefixes.
 * Round-robin over the running sequences: each step runs ONE forward for ONE
   sequence, either its next prefill chunk or one decode token. Sequences
   therefore arrive and finish independently, interleaved, but no two are
@@ -164,12 +166,14 @@ class Engine:
 
     def _loop(self, waiting: deque[_Seq], running: deque[_Seq], hold: bool, t0: float) -> None:
         while waiting or running:
-            while waiting and len(running) < self.max_running and not (hold and running):
-                if not self._admit(waiting[0]):
-                    if not running:
-                        raise RuntimeError("cannot admit a request into an idle engine")
-                    break
-                running.append(waiting.popleft())
+            # Admit one sequence per step: the ones already running get a prefill
+            # chunk in (and checkpoint it) before the next is matched, so requests
+            # submitted together still reuse each other's shared prefixes.
+            if waiting and len(running) < self.max_running and not (hold and running):
+                if self._admit(waiting[0]):
+                    running.append(waiting.popleft())
+                elif not running:
+                    raise RuntimeError("cannot admit a request into an idle engine")
             seq = running.popleft()
             outcome = self._step(seq, running)
             if outcome == "retracted_others":
