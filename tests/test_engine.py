@@ -214,3 +214,21 @@ def test_rejects_bad_prompts_and_oversized_requests(net: Any) -> None:
     eng.check()  # the failed call gave everything back
     assert not eng.mgr.active
     assert len(eng.generate([[1, 2, 3]], max_new_tokens=2)[0].output_ids) == 2
+
+
+def test_local_checkpoint_directory_loads_with_from_pretrained(tmp_path: Any) -> None:
+    """A user's weights on disk: `model=` a local directory goes through
+    `from_pretrained` and serves exactly like the model it was saved from."""
+    from mambaradix.engine import Engine, build_model
+
+    build_model("nemotron-h-tiny", seed=3).save_pretrained(tmp_path)
+    prompt = [[5, 6, 7, 8, 9, 10, 11, 12]]
+    from_disk = Engine(model=str(tmp_path), kv_tokens=512, state_slots=8).generate(prompt, 4)
+    preset = Engine(model="nemotron-h-tiny", seed=3, kv_tokens=512, state_slots=8).generate(
+        prompt, 4
+    )
+    assert from_disk[0].output_ids == preset[0].output_ids
+    assert all(
+        torch.allclose(a, b, atol=1e-6)
+        for a, b in zip(from_disk[0].logits, preset[0].logits, strict=True)
+    )
