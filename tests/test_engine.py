@@ -11,9 +11,8 @@ from array import array
 from typing import Any
 
 import pytest
-
-pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
+import torch
+import transformers  # noqa: F401  (the `engine` extra; setup installs it)
 
 from mambaradix.core.tree import MambaRadixCache  # noqa: E402
 from mambaradix.engine import Engine, Result, build_model  # noqa: E402

@@ -395,8 +395,6 @@ def test_swe_agent_bundle_reads_like_traj_files(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def text_traces() -> dict[str, Trace]:
-    pytest.importorskip("mistral_common")
-    pytest.importorskip("chitchat_dataset")
     return {name: load(name) for name in ("swe-agent", "mt-bench", "chitchat")}
 
 
