@@ -43,6 +43,7 @@ class PolicyContext:
     clock: Callable[[], float]  # virtual time now
     kv_capacity: int = 0  # KV pool size in units
     state_capacity: int = 0  # state pool size in slots
+    free_states: Callable[[], int] = lambda: 0  # state slots free right now
 
 
 class Policy:
@@ -202,7 +203,8 @@ class MambaRadix(Policy):
     (the next turn). A third kind, the state at the last prompt unit, makes an
     identical or retried prompt hit (#22935) and, on block traces, the last
     full block that the next turn shares (Mooncake, whose outputs never
-    recur). It is admitted adaptively: after a short trial (fewer states for
+    recur). It is admitted whenever a state slot is free (it displaces
+    nothing), and otherwise adaptively: after a short trial (fewer states for
     tiny pools), only while such states are reused often enough, at least 2%
     of them and at least a quarter of the finished states' rate (finished
     states usually cover the same path); otherwise once in 32, to notice a
@@ -236,9 +238,11 @@ class MambaRadix(Policy):
         """Finished states and branch points always; a prompt-end state while
         such states are reused often enough, absolutely and relative to the
         finished states that usually cover the same path (see the class doc)."""
+        if kind != "prompt" or self.ctx.free_states() > 1:
+            return True  # a free slot displaces nothing
         # Trying prompt-end states costs states: a tiny pool tries fewer.
         warmup = max(2, min(self.warmup, self.ctx.state_capacity // 8))
-        if kind != "prompt" or self.stats["prompt"][0] < warmup:
+        if self.stats["prompt"][0] < warmup:
             return True
         if self.rate("prompt") >= max(self.min_useful, self.relative * self.rate("finish")):
             return True

@@ -145,6 +145,7 @@ class Simulator:
                 lambda: self.now,
                 self.mgr.kv.capacity,
                 self.mgr.slots.capacity,
+                self.mgr.slots.available_size,
             )
         )
         self.outcomes: list[Outcome] = []
