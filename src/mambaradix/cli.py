@@ -6,31 +6,30 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
-def _floats(text: str) -> list[float]:
+def _number_list(text: str, ok: Callable[[float], bool], rule: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected numbers separated by commas, got {text!r}"
         ) from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError("memory sizes must be positive GB values")
+    if not values or not all(ok(v) for v in values):
+        raise argparse.ArgumentTypeError(rule)
     return values
+
+
+def _floats(text: str) -> list[float]:
+    return _number_list(text, lambda v: v > 0, "memory sizes must be positive GB values")
 
 
 def _fractions(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected fractions separated by commas, got {text!r}"
-        ) from None
-    if not values or any(not 0 < v < 1 for v in values):
-        raise argparse.ArgumentTypeError("state fractions must lie strictly between 0 and 1")
-    return values
+    return _number_list(
+        text, lambda v: 0 < v < 1, "state fractions must lie strictly between 0 and 1"
+    )
 
 
 def _names(text: str) -> list[str]:
