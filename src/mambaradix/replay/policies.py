@@ -204,8 +204,9 @@ class MambaRadix(Policy):
     identical or retried prompt hit (#22935) and, on block traces, the last
     full block that the next turn shares (Mooncake, whose outputs never
     recur). It is admitted whenever a state slot is free (it displaces
-    nothing), and otherwise adaptively: after a short trial (fewer states for
-    tiny pools), only while such states are reused often enough, at least 2%
+    nothing), and under pressure only once such states have a track record
+    (16 admitted while slots were free, or by exploration) of being reused
+    often enough, at least 2%
     of them and at least a quarter of the finished states' rate (finished
     states usually cover the same path); otherwise once in 32, to notice a
     change. A request's prompt state is demoted to the bottom as soon as its
@@ -240,11 +241,11 @@ class MambaRadix(Policy):
         finished states that usually cover the same path (see the class doc)."""
         if kind != "prompt" or self.ctx.free_states() > 1:
             return True  # a free slot displaces nothing
-        # Trying prompt-end states costs states: a tiny pool tries fewer.
-        warmup = max(2, min(self.warmup, self.ctx.state_capacity // 8))
-        if self.stats["prompt"][0] < warmup:
-            return True
-        if self.rate("prompt") >= max(self.min_useful, self.relative * self.rate("finish")):
+        # Under pressure only a kind with a track record (from free-slot times)
+        # that earns its keep is admitted.
+        admitted = self.stats["prompt"][0]
+        rule = max(self.min_useful, self.relative * self.rate("finish"))
+        if admitted >= self.warmup and self.rate("prompt") >= rule:
             return True
         self.skipped[kind] += 1
         return self.skipped[kind] % self.explore_every == 0
