@@ -417,3 +417,12 @@ def test_numpy_ints_are_accepted_where_ints_are() -> None:
     assert r.prefix_len == 0 and not r.state_existed
     assert cache.evict(kv_tokens=np.int64(3)).kv_tokens == 3
     cache.check_invariants()
+
+
+def test_old_root_released_by_node_after_reset() -> None:
+    cache = MambaRadixCache()
+    old_root = cache.match_prefix([1, 2]).node  # empty tree: the root
+    cache.inc_lock_ref(old_root)
+    cache.reset()
+    cache.dec_lock_ref(old_root)  # SGLang-style release by node still works
+    cache.check_invariants()

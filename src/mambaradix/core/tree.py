@@ -529,7 +529,9 @@ class MambaRadixCache:
         """Release a lock taken by `inc_lock_ref` (pass its receipt; a node is
         accepted for SGLang familiarity and releases one lock taken on it)."""
         if isinstance(lock, TreeNode):
-            lock = LockReceipt(lock, lock is not self.root)
+            lock = LockReceipt(
+                lock, lock.parent is not None
+            )  # a root (old or current) holds no state lock
         if not isinstance(lock, LockReceipt):
             raise TypeError(f"expected a LockReceipt from inc_lock_ref, got {type(lock).__name__}")
         if not lock.active:
