@@ -76,6 +76,29 @@ def _requests(
     ]
 
 
+def _conversation_trace(
+    name: str,
+    source: str,
+    convs: Sequence[Conversation],
+    calls: Sequence[Sequence[Call]],
+    times: Sequence[Sequence[float]],
+    tok: ChatTokenizer,
+    timestamps: str,
+) -> Trace:
+    """A token-level trace of conversations: one request per call, in session order."""
+    requests = [
+        r
+        for c, cs, ts in zip(convs, calls, times, strict=True)
+        for r in _requests(c.session_id, cs, ts)
+    ]
+    meta: dict[str, object] = {
+        "tokenizer": tok.file,
+        "sessions": len(convs),
+        "timestamps": timestamps,
+    }
+    return Trace(name, requests, unit_tokens=1, source=source, meta=meta)
+
+
 def synthetic_schedule(
     outputs: Sequence[Sequence[int]],
     rng: random.Random,
@@ -117,20 +140,11 @@ def _synthetic_trace(
         think_time_s=think_time_s,
         decode_tps=decode_tps,
     )
-    requests = [
-        r
-        for c, cs, ts in zip(convs, calls, times, strict=True)
-        for r in _requests(c.session_id, cs, ts)
-    ]
-    meta: dict[str, object] = {
-        "tokenizer": tok.file,
-        "sessions": len(convs),
-        "timestamps": (
-            f"synthetic (seed {seed}): Poisson session starts at {session_rate}/s, "
-            f"call gap = output/{decode_tps} tok/s + Exp(mean {think_time_s} s)"
-        ),
-    }
-    return Trace(name, requests, unit_tokens=1, source=source, meta=meta)
+    timestamps = (
+        f"synthetic (seed {seed}): Poisson session starts at {session_rate}/s, "
+        f"call gap = output/{decode_tps} tok/s + Exp(mean {think_time_s} s)"
+    )
+    return _conversation_trace(name, source, convs, calls, times, tok, timestamps)
 
 
 def load_swe_agent(
@@ -225,17 +239,8 @@ def load_chitchat(
     calls = [conversation_calls(c, tok, max_prompt_tokens) for c in convs]
     real = [list(c.times or ())[: len(cs)] for c, cs in zip(convs, calls, strict=True)]
     times = real_schedule(real, window_s=window_s, max_gap_s=max_gap_s)
-    requests = [
-        r
-        for c, cs, ts in zip(convs, calls, times, strict=True)
-        for r in _requests(c.session_id, cs, ts)
-    ]
-    meta: dict[str, object] = {
-        "tokenizer": tok.file,
-        "sessions": len(convs),
-        "timestamps": (
-            f"real: conversation starts mapped into [0, {window_s}] s, "
-            f"gaps inside a conversation kept, capped at {max_gap_s} s"
-        ),
-    }
-    return Trace("chitchat", requests, unit_tokens=1, source=CHITCHAT_SOURCE, meta=meta)
+    timestamps = (
+        f"real: conversation starts mapped into [0, {window_s}] s, "
+        f"gaps inside a conversation kept, capped at {max_gap_s} s"
+    )
+    return _conversation_trace("chitchat", CHITCHAT_SOURCE, convs, calls, times, tok, timestamps)
