@@ -388,9 +388,7 @@ def test_marconi_admits_at_most_two_checkpoints_per_sequence() -> None:
 
 def marconi_with_ctx(alpha: float, state_capacity: int = 10) -> Marconi:
     pol = Marconi(alpha=alpha)
-    pol.attach(
-        PolicyContext(TINY, 1, 8192, TINY.kv_bytes_per_token, lambda: 0.0, 100, state_capacity)
-    )
+    pol.attach(PolicyContext(TINY, 1, 8192, TINY.kv_bytes_per_token, 100, state_capacity))
     return pol
 
 

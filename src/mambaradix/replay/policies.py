@@ -40,7 +40,6 @@ class PolicyContext:
     unit_tokens: int  # tokens per tree unit (1, or 512 for Mooncake blocks)
     chunk_units: int  # prefill chunk size in units
     kv_unit_bytes: int
-    clock: Callable[[], float]  # virtual time now
     kv_capacity: int = 0  # KV pool size in units
     state_capacity: int = 0  # state pool size in slots
     free_states: Callable[[], int] = lambda: 0  # state slots free right now
@@ -185,7 +184,7 @@ class Marconi(Policy):
         if meta is not None and meta[0] == len(node.key):
             return float(meta[2])
         ctx = self.ctx
-        end = meta[1] if meta is not None else _depth_units(node)
+        end = meta[1] if meta is not None else node.depth_tokens()
         start = end - len(node.key)
         u = ctx.unit_tokens
         saved = ctx.profile.prefill_flops(start * u, (end - start) * u)
@@ -273,7 +272,7 @@ class MambaRadix(Policy):
         if kind is None or node.meta is not None:
             return  # not ours, or the state already existed
         self.stats[kind][0] += 1
-        node.meta = [self.inflation + self._value(node, False), 0.0, kind]
+        node.meta = [self.inflation + self._value(node), 0.0, kind]
         if final:
             self._demote_prompt_state(node)
 
@@ -296,7 +295,7 @@ class MambaRadix(Policy):
         if meta[1] == 0 and meta[2] in self.stats:
             self.stats[meta[2]][1] += 1
         meta[1] += 1
-        meta[0] = self.inflation + meta[1] * self._value(node, False)
+        meta[0] = self.inflation + meta[1] * self._value(node)
 
     def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
         for_kv = kv_units > 0
@@ -313,7 +312,7 @@ class MambaRadix(Policy):
 
     def _meta(self, node: TreeNode) -> list[Any]:
         if node.meta is None:
-            node.meta = [self.inflation + self._value(node, False), 0.0, None]
+            node.meta = [self.inflation + self._value(node), 0.0, None]
         meta: list[Any] = node.meta
         return meta
 
@@ -325,17 +324,17 @@ class MambaRadix(Policy):
         base = float(meta[0]) - self.inflation
         return self.inflation + base / max(1, len(node.key))
 
-    def _value(self, node: TreeNode, per_unit: bool) -> float:
+    def _value(self, node: TreeNode) -> float:
         """Prefill FLOPs this state saves over the nearest state above it."""
         ctx = self.ctx
-        end = _depth_units(node)
+        end = node.depth_tokens()
         anc, start = node.parent, end - len(node.key)
         while anc is not None and anc.parent is not None and anc.state is None:
             start -= len(anc.key)
             anc = anc.parent
         u = ctx.unit_tokens
         saved = ctx.profile.prefill_flops(start * u, (end - start) * u)
-        return saved / max(1, len(node.key)) if per_unit else saved
+        return saved
 
 
 def _normalise(xs: list[float]) -> list[float]:
@@ -343,14 +342,6 @@ def _normalise(xs: list[float]) -> list[float]:
     if hi <= lo:
         return [0.0] * len(xs)
     return [(x - lo) / (hi - lo) for x in xs]
-
-
-def _depth_units(node: TreeNode) -> int:
-    n, x = 0, node
-    while x.parent is not None:
-        n += len(x.key)
-        x = x.parent
-    return n
 
 
 def _evict_in_order(

@@ -142,7 +142,6 @@ class Simulator:
                 self.unit,
                 max(1, cfg.chunk_tokens // self.unit),
                 self.kv_unit_bytes,
-                lambda: self.now,
                 self.mgr.kv.capacity,
                 self.mgr.slots.capacity,
                 self.mgr.slots.available_size,
