@@ -1,0 +1,48 @@
+"""The one request driver: `Scheduler` batches requests as SGLang's scheduler
+does and drives them through the cache (`CacheManager`) and an injected
+forward (a real model, virtual time or a stand-in)."""
+
+from __future__ import annotations
+
+from mambaradix.scheduler.checkpoints import (
+    CHUNK,
+    FINISH,
+    PROMPT_END,
+    STOP,
+    CheckpointPolicy,
+    DefaultCheckpoints,
+    SGLangCheckpoints,
+)
+from mambaradix.scheduler.config import SchedulerConfig
+from mambaradix.scheduler.forward import (
+    DecodeStep,
+    Extend,
+    FingerprintForward,
+    Forward,
+    ScriptedForward,
+)
+from mambaradix.scheduler.loop import DECODE, IDLE, PREFILL, STALLED, Scheduler
+from mambaradix.scheduler.sequence import Sequence
+
+__all__ = [
+    "CHUNK",
+    "DECODE",
+    "FINISH",
+    "IDLE",
+    "PREFILL",
+    "PROMPT_END",
+    "STALLED",
+    "STOP",
+    "CheckpointPolicy",
+    "DecodeStep",
+    "DefaultCheckpoints",
+    "Extend",
+    "FingerprintForward",
+    "Forward",
+    "PREFILL",
+    "SGLangCheckpoints",
+    "Scheduler",
+    "SchedulerConfig",
+    "ScriptedForward",
+    "Sequence",
+]

@@ -1,0 +1,135 @@
+"""`PrefillBudget`: which requests join the next prefill batch, and how much of
+each (SGLang 0.5.15.post1's `PrefillAdder`, the no-mixed-chunk, no-SWA path).
+
+Budgets, in KV tokens:
+
+* total: free KV + evictable tree KV, minus what the running requests may
+  still generate (remaining `max_new_tokens`, clipped at 4096, times the
+  new-token ratio), minus what each request added to this batch needs
+  (its paged extend + its `max_new_tokens` + one page);
+* current: the same without the future outputs;
+* chunk: `chunk_tokens` per batch; a request that does not fit is truncated
+  to what remains (page aligned) and continues in the next batch;
+* input: `max_prefill_tokens` per batch.
+
+A request is refused (NO_TOKEN) when `extend + remaining output + one page`
+reaches the total budget, checked before and after locking its matched path
+(locking makes that path unevictable). Our departure: a request may also stop
+early at a checkpoint stop its policy planned (no_buffer), and then continues
+like a truncated one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from mambaradix.lifecycle import CacheManager
+from mambaradix.scheduler.config import CLIP_MAX_NEW_TOKENS
+from mambaradix.scheduler.sequence import Sequence
+
+CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
+
+
+class PrefillBudget:
+    def __init__(
+        self,
+        cache: CacheManager,
+        running: Seq[Sequence],
+        ratio: float,
+        chunk_tokens: int | None,
+        max_prefill_tokens: int,
+    ) -> None:
+        self.cache = cache
+        self.page = cache.page_size
+        self.rem_chunk = chunk_tokens
+        self.rem_input = max_prefill_tokens
+        self.total_offset = sum(min(s.remaining_new, CLIP_MAX_NEW_TOKENS) for s in running) * ratio
+        self.cur_offset = 0.0
+        self.batch: list[tuple[Sequence, int]] = []  # (sequence, tokens to extend)
+        self.truncated: list[Sequence] = []  # continue in a later batch
+
+    # ---------------------------------------------------------------- budgets
+
+    def _free(self) -> int:
+        return self.cache.kv.available_size() + self.cache.tree.full_evictable_size()
+
+    def rem_total(self) -> float:
+        return self._free() - self.total_offset
+
+    def cur_rem(self) -> float:
+        return self._free() - self.cur_offset
+
+    def state(self) -> str:
+        if self.rem_total() <= 0 or self.cur_rem() <= 0:
+            return NO_TOKEN
+        if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
+            return OTHER
+        return CONTINUE
+
+    def _paged(self, n: int) -> int:
+        return -(-n // self.page) * self.page
+
+    def _charge(self, extend: int, max_new: int) -> None:
+        extend = self._paged(extend)
+        self.total_offset += extend + max_new + self.page
+        self.cur_offset += extend + self.page
+        self.rem_input -= extend
+        if self.rem_chunk is not None:
+            self.rem_chunk -= extend
+
+    def _cap(self, seq: Sequence, n: int) -> int:
+        """n, cut at the sequence's next planned stop."""
+        req = seq.req
+        for stop in seq.stops:
+            if stop > req.computed:
+                return min(n, stop - req.computed)
+        return n
+
+    # ---------------------------------------------------------------- adding
+
+    def add_continuing(self, seq: Sequence) -> None:
+        """A request that is part-way through its prefill (SGLang's chunked
+        request, `add_chunked_req`): always added, up to what the budgets allow."""
+        req = seq.req
+        rem = int(self.rem_total())
+        if self.rem_chunk is not None:
+            rem = min(self.rem_chunk, rem)
+        if rem <= 0:
+            rem = self.rem_chunk if self.rem_chunk is not None else req.total_len
+        want = req.total_len - req.computed
+        n = self._cap(seq, min(want, rem))
+        self._add(seq, n, min(seq.max_new_tokens, CLIP_MAX_NEW_TOKENS) if n == want else 0)
+
+    def add_new(self, seq: Sequence) -> str:
+        """A matched waiting request (`add_one_req`). Returns CONTINUE, NO_TOKEN
+        or OTHER; the request was added iff it is the last of `self.batch`."""
+        req = seq.req
+        want = req.total_len - req.computed
+        max_new = min(max(seq.remaining_new, 0), CLIP_MAX_NEW_TOKENS)
+        need = want + max_new + self.page
+        if need >= self.rem_total():
+            return NO_TOKEN
+        if self.rem_chunk is None and self.batch and self._paged(want) >= self.rem_input:
+            return OTHER
+        self.cache.lock(req)
+        if need >= self.rem_total():  # the lock made the matched path unevictable
+            self.cache.unlock(req)
+            return NO_TOKEN
+        paged = self._paged(want)
+        if self.rem_chunk is None or paged <= self.rem_chunk:
+            n = self._cap(seq, want)
+            self._add(seq, n, min(seq.max_new_tokens, CLIP_MAX_NEW_TOKENS) if n == want else 0)
+            return self.state()
+        trunc = self.rem_chunk // self.page * self.page
+        if trunc <= 0:
+            self.cache.unlock(req)
+            return OTHER
+        trunc = (trunc + req.computed) // self.page * self.page - req.computed
+        self._add(seq, self._cap(seq, trunc), 0)
+        return self.state()
+
+    def _add(self, seq: Sequence, n: int, max_new: int) -> None:
+        self.batch.append((seq, n))
+        self._charge(n, max_new)
+        if seq.req.computed + n < seq.req.total_len:
+            self.truncated.append(seq)

@@ -1,0 +1,347 @@
+"""`Scheduler`: the one request driver of the engine, the replay and the tests.
+
+One `step()` is one forward, chosen as SGLang 0.5.15.post1's event loop
+(non-overlap; `get_next_batch_to_run`) chooses it:
+
+1. A request part-way through its prefill is stashed: its chunk end is
+   checkpointed (`cache_unfinished`, if its policy wants one there).
+2. A prefill batch is formed (`PrefillBudget`): the part-way requests first,
+   then waiting requests first come first served, each matched (input + output
+   so far, minus one token) and locked, until a budget, the running limit or
+   the request table runs out. A refused request gives its staged state slot
+   back. A refusal for lack of memory marks the batch full: no admission is
+   tried again until a running request finishes or is retracted.
+3. If there is a prefill batch it runs (memory first: `alloc_extend`); a
+   request whose prompt completed gets its first token, and either finishes
+   (cached by `finish`) or is checkpointed at its prompt end and joins the
+   decode batch. Prefill has priority over decode.
+4. Otherwise the running requests decode one token each. When one more token
+   per request does not fit, requests are retracted (fewest outputs first,
+   longest input first among equals; SGLang's order), their memory returned,
+   and requeued; they are prefilled again later, outputs included.
+
+What is injected: the cache (`CacheManager`: tree, pools, strategy, eviction
+policy), the forward (`Forward`), where checkpoints go (`CheckpointPolicy`)
+and the clock (only for statistics).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from mambaradix.lifecycle import CacheManager
+from mambaradix.scheduler.budget import CONTINUE, NO_TOKEN, PrefillBudget
+from mambaradix.scheduler.checkpoints import (
+    CHUNK,
+    FINISH,
+    PROMPT_END,
+    STOP,
+    CheckpointPolicy,
+    DefaultCheckpoints,
+    SGLangCheckpoints,
+)
+from mambaradix.scheduler.config import RETRACT_DECODE_STEPS, NewTokenRatio, SchedulerConfig
+from mambaradix.scheduler.forward import DecodeStep, Extend, Forward
+from mambaradix.scheduler.sequence import (
+    ABORTED,
+    FINISHED,
+    PREFILLING,
+    RUNNING,
+    WAITING,
+    Sequence,
+)
+
+PREFILL, DECODE, IDLE, STALLED = "prefill", "decode", "idle", "stalled"
+
+
+class Scheduler:
+    def __init__(
+        self,
+        cache: CacheManager,
+        forward: Forward,
+        checkpoints: CheckpointPolicy | None = None,
+        config: SchedulerConfig | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        on_finish: Callable[[Sequence], None] | None = None,
+    ) -> None:
+        self.cache, self.forward, self.clock = cache, forward, clock
+        self.config = config or SchedulerConfig()
+        if checkpoints is None:
+            sglang = cache.tree.compat == "sglang"
+            checkpoints = SGLangCheckpoints() if sglang else DefaultCheckpoints()
+        self.checkpoints = checkpoints
+        self.on_finish = on_finish
+        _check_track_interval(cache, self.config)
+        self.waiting: list[Sequence] = []
+        self.prefilling: list[Sequence] = []  # part-way through their prefill
+        self.running: list[Sequence] = []  # decoding
+        self.batch_is_full = False
+        self._finished_since_decode = False
+        self.ratio = NewTokenRatio(self.config.conservativeness)
+        self.forwards = {PREFILL: 0, DECODE: 0}
+
+    # ------------------------------------------------------------------ API
+
+    def submit(self, seq: Sequence) -> None:
+        if seq.status != WAITING or seq.req.admitted:
+            raise ValueError("submit a new sequence (or one that was retracted)")
+        seq.arrival = self.clock() if seq.arrival == 0.0 else seq.arrival
+        self.waiting.append(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Stop a sequence wherever it is; everything it holds is given back."""
+        for queue in (self.waiting, self.prefilling, self.running):
+            if seq in queue:
+                queue.remove(seq)
+        if seq.req.admitted or seq.req.node is not None:
+            self.cache.abort(seq.req)
+        seq.status = ABORTED
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running)
+
+    def step(self) -> str:
+        """Run one forward. PREFILL or DECODE; IDLE if nothing is queued;
+        STALLED if requests wait but nothing can run (the head does not fit
+        even with every running request gone)."""
+        self._stash()
+        batch = self._form_prefill()
+        if batch:
+            self._run_prefill(batch)
+            return PREFILL
+        if self.running:
+            self._run_decode()
+            return DECODE
+        if self.waiting and self.batch_is_full:
+            self.batch_is_full = False  # an empty running batch is never full
+            batch = self._form_prefill()
+            if batch:
+                self._run_prefill(batch)
+                return PREFILL
+        return STALLED if self.waiting else IDLE
+
+    def run(self) -> None:
+        """Step until every submitted sequence finished; RuntimeError if one
+        can never run."""
+        while self.busy:
+            if self.step() == STALLED:
+                head = self.waiting[0]
+                raise RuntimeError(
+                    f"sequence {head.id} ({head.req.total_len} tokens) does not fit in "
+                    f"{self.cache.kv.capacity} KV tokens even with nothing else running"
+                )
+
+    # -------------------------------------------------------------- prefill
+
+    def _stash(self) -> None:
+        """Checkpoint the part-way requests at their chunk end or stop."""
+        for seq in self.prefilling:
+            req = seq.req
+            kind = STOP if req.computed in seq.stops else CHUNK
+            if req.computed > req.prefix_len and self.checkpoints.cache_at(req, kind):
+                self._checkpoint(seq, kind)
+
+    def _checkpoint(self, seq: Sequence, kind: str) -> None:
+        req = seq.req
+        node = self.cache.cache_unfinished(req)
+        self.checkpoints.on_cached(req, node, kind)
+
+    def _allocatable(self) -> int:
+        free_rows = self.cache.rows.available_size()
+        return min(self.config.max_running - len(self.running), free_rows)
+
+    def _form_prefill(self) -> list[tuple[Sequence, int]]:
+        if (self.batch_is_full or not self.waiting) and not self.prefilling:
+            return []
+        if self._allocatable() <= 0 and not self.prefilling:
+            self.batch_is_full = True
+            return []
+        cfg = self.config
+        budget = PrefillBudget(
+            self.cache, self.running, self.ratio.current, cfg.chunk_tokens, cfg.max_prefill_tokens
+        )
+        for seq in self.prefilling:
+            budget.add_continuing(seq)
+        for seq in list(self.waiting):
+            if len(budget.batch) >= self._allocatable():
+                self.batch_is_full = True
+            if self.batch_is_full or not self._admit_one(budget, seq):
+                break
+        return self._take(budget)
+
+    def _admit_one(self, budget: PrefillBudget, seq: Sequence) -> bool:
+        """Match and add one waiting request; False to stop adding."""
+        req = seq.req
+        if not self.cache.match(req, req.total_len - 1):
+            self.batch_is_full = True  # no slot for its state copy: wait for a finish
+            return False
+        seq.stops = [] if self.cache.extra_buffer else self.checkpoints.stops(req)
+        result = budget.add_new(seq)
+        added = bool(budget.batch) and budget.batch[-1][0] is seq
+        if result == NO_TOKEN:
+            self.batch_is_full = True
+        if not added:
+            self.cache.unmatch(req)
+            seq.stops = []
+        return result == CONTINUE
+
+    def _take(self, budget: PrefillBudget) -> list[tuple[Sequence, int]]:
+        batch = budget.batch
+        if not batch:
+            return []
+        seqs = [s for s, _ in batch]
+        if not self.cache.alloc_extend([s.req for s in seqs], [n for _, n in batch]):
+            self._refuse(seqs)
+            return []
+        for seq in seqs:
+            if seq.status == WAITING:
+                self.waiting.remove(seq)
+                seq.admitted_len = seq.req.total_len
+                self.checkpoints.on_admitted(seq.req)
+            seq.status = PREFILLING
+        self.prefilling = list(budget.truncated)
+        return batch
+
+    def _refuse(self, seqs: list[Sequence]) -> None:
+        """The batch's memory could not be had after all: new requests go back
+        to waiting (nothing held), part-way ones stay part-way."""
+        for seq in seqs:
+            if seq.status == WAITING:
+                self.cache.abort(seq.req)
+                seq.stops = []
+        self.batch_is_full = True
+
+    def _run_prefill(self, batch: list[tuple[Sequence, int]]) -> None:
+        items = [self._extend_item(seq, n) for seq, n in batch]
+        tokens = self.forward.prefill(items)
+        self.forwards[PREFILL] += 1
+        for item, token in zip(items, tokens, strict=True):
+            seq = item.seq
+            seq.prefill_tokens += item.end - item.start
+            if item.track_at is not None:
+                self.cache.track(seq.req, item.track_at)
+            if item.end == seq.req.total_len:
+                self._prompt_done(seq, token)
+        if any(s.status != RUNNING for s, _ in batch):
+            self.batch_is_full = False  # the batch shrank (finished or part-way requests)
+
+    def _extend_item(self, seq: Sequence, n: int) -> Extend:
+        """The forward's work for seq: positions [computed - n, computed), and
+        with extra_buffer the position to track (SGLang's prepare_for_extend:
+        the last chunk-aligned position of the extend, or the branching point
+        when it falls inside the extend on the chunk grid)."""
+        req = seq.req
+        end = req.computed
+        start = end - n
+        if not self.cache.extra_buffer:
+            return Extend(seq, start, end)
+        c = self.cache.tree.chunk_size
+        if n < c:
+            return Extend(seq, start, end)
+        at = start + n // c * c
+        b = req.branching_len
+        if b is not None and start < b < end and (b - start) % c == 0:
+            at = b
+        return Extend(seq, start, end, at, self.cache.track_slot(req))
+
+    def _prompt_done(self, seq: Sequence, token: int | None) -> None:
+        req = seq.req
+        assert token is not None, "the forward must return a token for a completed prompt"
+        seq.cached_tokens, seq.prompt_tokens = req.cached_len, seq.admitted_len
+        seq.kv_hit_tokens = req.kv_hit_len
+        req.output_ids.append(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = self.clock()
+        if seq.done:
+            self._finish(seq)
+            return
+        if self.checkpoints.cache_at(req, PROMPT_END):
+            self._checkpoint(seq, PROMPT_END)
+        seq.status = RUNNING
+        self.running.append(seq)
+
+    def _finish(self, seq: Sequence) -> None:
+        req = seq.req
+        insert = self.checkpoints.insert_at_finish(req)
+        node = self.cache.finish(req, insert=insert)
+        if insert:
+            self.checkpoints.on_cached(req, node, FINISH)
+        seq.status = FINISHED
+        seq.finish_time = self.clock()
+        if self.on_finish is not None:
+            self.on_finish(seq)
+
+    # --------------------------------------------------------------- decode
+
+    def _run_decode(self) -> None:
+        if self._finished_since_decode:
+            self._finished_since_decode = False
+            self.batch_is_full = False
+        reqs = [s.req for s in self.running]
+        if not self.cache.decode_fits(reqs):
+            self._retract()
+        else:
+            self.ratio.decay_step()
+        if not self.running:
+            return
+        if not self.cache.alloc_decode([s.req for s in self.running]):
+            raise RuntimeError("decode KV allocation failed after check_decode_mem")
+        steps = [DecodeStep(s, self._decode_track_slot(s)) for s in self.running]
+        tokens = self.forward.decode(steps)
+        self.forwards[DECODE] += 1
+        for step, token in zip(steps, tokens, strict=True):
+            seq = step.seq
+            if step.track_slot is not None:
+                self.cache.track(seq.req, seq.req.computed)
+            seq.req.output_ids.append(token)
+            if seq.done:
+                self.running.remove(seq)
+                self._finish(seq)
+                self._finished_since_decode = True
+
+    def _decode_track_slot(self, seq: Sequence) -> int | None:
+        req = seq.req
+        if self.cache.extra_buffer and req.computed % self.config.track_interval == 0:
+            return self.cache.track_slot(req)
+        return None
+
+    def _retract(self) -> None:
+        """SGLang's retract_decode: retract until one more token each fits."""
+        order = sorted(
+            self.running, key=lambda s: (len(s.outputs), -len(s.req.input_ids)), reverse=True
+        )
+        first = True
+        while first or not self.cache.decode_fits([s.req for s in order]):
+            if len(order) == 1:
+                break
+            first = False
+            self._requeue(order.pop())
+            self.cache.evict_kv_for(len(order) * RETRACT_DECODE_STEPS)
+        if len(order) == 1 and not self.cache.decode_fits([order[0].req]):
+            self.abort(order.pop())  # out of memory even alone (SGLang aborts it)
+        self.running = [s for s in self.running if s in order]
+        decoded = sum(len(s.outputs) for s in self.running)
+        max_new = sum(s.max_new_tokens for s in self.running)
+        self.ratio.after_retract(decoded, max_new, len(self.running))
+        self.batch_is_full = False
+
+    def _requeue(self, seq: Sequence) -> None:
+        seq.retracted_tokens += seq.req.computed - seq.req.cached_len
+        self.cache.abort(seq.req)
+        seq.retractions += 1
+        seq.status = WAITING
+        self.running.remove(seq)
+        self.waiting.append(seq)
+
+
+def _check_track_interval(cache: CacheManager, cfg: SchedulerConfig) -> None:
+    if cache.extra_buffer and cfg.track_interval % cache.page_size:
+        raise ValueError(
+            f"track_interval ({cfg.track_interval}) must be a multiple of the page size "
+            f"({cache.page_size})"
+        )
+
+
+__all__ = ["DECODE", "IDLE", "PREFILL", "STALLED", "Scheduler"]

@@ -1,0 +1,70 @@
+"""`Sequence`: one request as the scheduler sees it."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from mambaradix.lifecycle import Request
+
+WAITING, PREFILLING, RUNNING, FINISHED, ABORTED = (
+    "waiting",
+    "prefilling",
+    "running",
+    "finished",
+    "aborted",
+)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A prompt to serve and up to `max_new_tokens` tokens to generate.
+
+    `req` is its cache record (input = prompt, output = generated so far; the
+    generated tokens survive a retraction, after which input + output is
+    prefilled again). Statistics are of the admission whose prefill
+    completed: `cached_tokens` of `prompt_tokens` came from the cache.
+    """
+
+    prompt: array[int]
+    max_new_tokens: int
+    extra_key: Hashable | None = None
+    script: array[int] | None = None  # the tokens to generate, for stand-in forwards
+    id: int = 0
+    arrival: float = 0.0
+    req: Request = field(init=False)
+    status: str = WAITING
+    stops: list[int] = field(default_factory=list)  # planned prefill stops (positions)
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    kv_hit_tokens: int = 0
+    prefill_tokens: int = 0  # tokens run through prefill by admissions that completed
+    retracted_tokens: int = 0  # prefill work lost to retractions
+    retractions: int = 0
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    admitted_len: int = 0  # total_len when the current admission matched
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise TypeError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if len(self.prompt) == 0:
+            raise ValueError("a sequence needs at least one prompt token")
+        if self.script is not None and len(self.script) < self.max_new_tokens:
+            raise ValueError("script must hold at least max_new_tokens tokens")
+        self.req = Request(array("q", self.prompt), self.extra_key)
+
+    @property
+    def outputs(self) -> array[int]:
+        return self.req.output_ids
+
+    @property
+    def done(self) -> bool:
+        return len(self.req.output_ids) >= self.max_new_tokens
+
+    @property
+    def remaining_new(self) -> int:
+        return self.max_new_tokens - len(self.req.output_ids)
