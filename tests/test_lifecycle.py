@@ -1,31 +1,38 @@
-"""The no_buffer request lifecycle: copy-on-write, checkpoints, donation,
-eviction under pressure, aborts and refused admissions, without leaks."""
+"""The request lifecycle (`CacheManager`) driven by the scheduler, over a stand-in
+model: copy-on-write, checkpoints, donation, both strategies at page sizes 1,
+16 and 64, eviction under pressure, aborts, retractions and injected failures,
+without leaks (conservation and every state's fingerprint checked after every
+step)."""
 
 from __future__ import annotations
 
+import random
 from array import array
 
 import pytest
 
-from lifecycle_sim import (
+from driving import (
+    CONFIGS,
     Job,
-    Simulator,
     check_everything,
+    drive,
     make_manager,
+    make_scheduler,
     multi_turn_jobs,
+    sequence,
 )
-from mambaradix.lifecycle import Request
-from mambaradix.sim import serve_request as run_request
+from mambaradix.lifecycle import CacheManager, Request
+from mambaradix.pools import TokenKVAllocator
 
 
-def serve(mgr, pool, tokens, output=(7, 8, 9), chunk=16):  # type: ignore[no-untyped-def]
-    req = Request(array("q", tokens))
-    req.output_ids = list(output)
-    assert mgr.admit(req)
-    cached = req.cached_len
-    assert run_request(mgr, pool, req, chunk)
+def serve(mgr, pool, prompt, answer=(7, 8, 9), chunk=16):  # type: ignore[no-untyped-def]
+    """One request alone through the scheduler; its cached length."""
+    sched = make_scheduler(mgr, pool, chunk=chunk)
+    seq = sequence(Job(list(prompt), list(answer)))
+    sched.submit(seq)
+    sched.run()
     check_everything(mgr, pool)
-    return cached
+    return seq.cached_tokens
 
 
 @pytest.mark.parametrize(
@@ -34,7 +41,8 @@ def serve(mgr, pool, tokens, output=(7, 8, 9), chunk=16):  # type: ignore[no-unt
 def test_identical_resent_prompt_hits(compat: str | None, chunk: int, expected: int) -> None:
     """#22935: upstream's input-1 lookup misses the prompt-end state, so an
     identical prompt falls back to the last chunk checkpoint (0 with one
-    chunk); ours checkpoints at input-1 and reuses all but the last token."""
+    chunk, 32 = the second 16-token chunk end otherwise); ours checkpoints at
+    input-1 and reuses all but the last token."""
     mgr, pool = make_manager(kv_tokens=1000, state_slots=16, compat=compat)
     prompt = list(range(100, 140))
     assert serve(mgr, pool, prompt, chunk=chunk) == 0
@@ -54,14 +62,20 @@ def test_copy_on_write_leaves_cached_state_untouched() -> None:
     mgr, pool = make_manager(kv_tokens=1000, state_slots=16)
     prompt = list(range(50))
     serve(mgr, pool, prompt)
-    req = Request(array("q", prompt + [1, 2]))
-    req.output_ids = [5]
-    assert mgr.admit(req)
-    node = mgr.tree.match_prefix(req.input_ids[:-1]).node
+    req = Request(array("q", prompt + [1, 2]), output_ids=array("q", [5]))
+    assert mgr.match(req, req.total_len - 1)
+    mgr.lock(req)
+    node = req.node
+    # The first request cached its state at input - 1 = 49 (and its finished
+    # sequence, which diverges at 50): the new prompt reuses 49.
+    assert node is not None and node.state is not None and req.cached_len == 49
     src_fp = pool.fingerprint(node.state)
+    assert mgr.alloc_extend([req], [req.total_len - req.computed])
     assert req.slot != node.state and pool.fingerprint(req.slot) == src_fp
-    assert run_request(mgr, pool, req, 16)
+    pool.advance(req.slot, req.tokens[49 : req.computed])
     assert pool.fingerprint(node.state) == src_fp  # the request advanced its own copy
+    check_everything(mgr, pool)
+    mgr.abort(req)
     check_everything(mgr, pool)
 
 
@@ -71,84 +85,227 @@ def test_abort_after_admission_leaks_nothing() -> None:
     mgr, pool = make_manager(kv_tokens=500, state_slots=8)
     serve(mgr, pool, list(range(60)))
     free_kv, free_slots = mgr.kv.available_size(), mgr.slots.available_size()
-    req = Request(array("q", list(range(60)) + [1, 2, 3, 4]))
-    assert mgr.admit(req) and mgr.extend(req, 3) is not None
-    mgr.abort(req)
-    check_everything(mgr, pool)
-    assert (mgr.kv.available_size(), mgr.slots.available_size()) == (free_kv, free_slots)
-    assert mgr.tree.full_protected_size() == 0 and mgr.tree.state_protected_size() == 0
+    for stage in ("matched", "locked", "admitted"):
+        req = Request(array("q", list(range(60)) + [1, 2, 3, 4]))
+        assert mgr.match(req, req.total_len - 1) and req.slot is not None
+        if stage != "matched":
+            mgr.lock(req)
+        if stage == "admitted":
+            assert mgr.alloc_extend([req], [3])
+        mgr.abort(req)
+        check_everything(mgr, pool)
+        assert (mgr.kv.available_size(), mgr.slots.available_size()) == (free_kv, free_slots)
+        assert mgr.tree.full_protected_size() == 0 and mgr.tree.state_protected_size() == 0
+        assert req.row is None and req.slot is None and req.lock is None
 
 
 def test_refused_admission_holds_nothing() -> None:
-    mgr, pool = make_manager(kv_tokens=500, state_slots=2, rows=1)
-    a = Request(array("q", range(10)))
-    assert mgr.admit(a)
-    b = Request(array("q", range(10)))
-    assert not mgr.admit(b)  # no row left
-    assert b.row is None and b.slot is None and b.lock is None
+    """A request matched but refused (no row left) gives its staged slot back."""
+    mgr, pool = make_manager(kv_tokens=500, state_slots=4, rows=1)
+    serve(mgr, pool, list(range(10)))
+    a = Request(array("q", list(range(10)) + [1]))
+    b = Request(array("q", list(range(10)) + [2]))
+    for req in (a, b):
+        assert mgr.match(req, req.total_len - 1)
+        mgr.lock(req)
+    assert mgr.alloc_extend([a], [1])
+    assert not mgr.alloc_extend([b], [1])  # no row left: nothing taken
+    assert b.row is None and b.lock is not None and b.slot is not None
+    mgr.abort(b)
     mgr.abort(a)
     check_everything(mgr, pool)
-    assert mgr.slots.available_size() == 2 and mgr.kv.available_size() == 500
+    assert mgr.slots.available_size() + mgr.tree.total_size()[1] == 4
 
 
-def test_eviction_frees_room_when_allocation_falls_short() -> None:
-    mgr, pool = make_manager(kv_tokens=120, state_slots=4)
-    for base in (0, 1000, 2000, 3000):
-        serve(mgr, pool, list(range(base, base + 50)))
-    assert mgr.evictions["kv_tokens"] > 0 and mgr.evictions["states"] > 0
+def test_failed_kv_allocation_gives_back_rows_and_slots() -> None:
+    """alloc_extend is all or nothing: when KV cannot be had after eviction,
+    the rows and slots it took for the batch go back."""
+    mgr, pool = make_manager(kv_tokens=40, state_slots=8)
+    reqs = [Request(array("q", range(i * 100, i * 100 + 30))) for i in range(2)]
+    for req in reqs:
+        assert mgr.match(req, 29)
+        mgr.lock(req)
+    before = (mgr.kv.available_size(), mgr.slots.available_size(), mgr.rows.available_size())
+    assert not mgr.alloc_extend(reqs, [30, 30])  # 60 tokens > 40
+    after = (mgr.kv.available_size(), mgr.slots.available_size(), mgr.rows.available_size())
+    assert before == after
+    assert all(r.row is None and r.slot is None for r in reqs)
+    for req in reqs:
+        mgr.abort(req)
     check_everything(mgr, pool)
+
+
+class FlakyKV(TokenKVAllocator):
+    """Fails a seeded random share of allocations: injected allocation failures."""
+
+    def __init__(self, size: int, rate: float, seed: int) -> None:
+        super().__init__(size)
+        self.rate, self.rng, self.failures = rate, random.Random(seed), 0
+
+    def alloc(self, n: int) -> array[int] | None:
+        if self.rng.random() < self.rate:
+            self.failures += 1
+            return None
+        return super().alloc(n)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_injected_allocation_failures_leak_nothing(seed: int) -> None:
+    mgr, pool = make_manager(kv_tokens=600, state_slots=12, rows=6)
+    mgr.kv = flaky = FlakyKV(600, 0.15, seed)
+    sched = make_scheduler(mgr, pool, chunk=32, running=6)
+    seqs = drive_with_stall_retry(sched, pool, multi_turn_jobs(3, sessions=5, turns=3))
+    assert flaky.failures > 0 and all(s.status == "finished" for s in seqs)
+    check_everything(mgr, pool)
+    assert not mgr.active and not mgr.staged
+
+
+def drive_with_stall_retry(sched, pool, jobs):  # type: ignore[no-untyped-def]
+    """Like `drive`, without random aborts; a stalled head (a refused batch
+    with nothing running) is retried, as the failures are transient."""
+    seqs = []
+    for i, job in enumerate(jobs):
+        seqs.append(sequence(job, i))
+        sched.submit(seqs[-1])
+    for _ in range(100_000):
+        if not sched.busy:
+            return seqs
+        sched.step()
+        check_everything(sched.cache, pool)
+    raise AssertionError("no progress")
+
+
+class ExplodingForward:
+    """Raises on the n-th forward (after memory was allocated for it)."""
+
+    def __init__(self, inner, n: int) -> None:  # type: ignore[no-untyped-def]
+        self.inner, self.n = inner, n
+
+    def _tick(self) -> None:
+        self.n -= 1
+        if self.n == 0:
+            raise RuntimeError("injected forward failure")
+
+    def prefill(self, batch):  # type: ignore[no-untyped-def]
+        self._tick()
+        return self.inner.prefill(batch)
+
+    def decode(self, batch):  # type: ignore[no-untyped-def]
+        self._tick()
+        return self.inner.decode(batch)
+
+
+@pytest.mark.parametrize("strategy,page", CONFIGS)
+@pytest.mark.parametrize("n", [1, 2, 5, 9])
+def test_exception_from_the_forward_then_abort_leaks_nothing(
+    strategy: str, page: int, n: int
+) -> None:
+    mgr, pool = make_manager(kv_tokens=2048, state_slots=24, strategy=strategy, page=page)
+    sched = make_scheduler(mgr, pool, chunk=max(32, page))
+    sched.forward = ExplodingForward(sched.forward, n)
+    seqs = [sequence(j, i) for i, j in enumerate(multi_turn_jobs(5, sessions=4, turns=2))]
+    for seq in seqs:
+        sched.submit(seq)
+    with pytest.raises(RuntimeError, match="injected"):
+        sched.run()
+    for seq in seqs:  # what a caller (the engine) does after a failed call
+        sched.abort(seq)
+    check_everything(mgr, pool)
+    assert not mgr.active and not mgr.staged and not sched.busy
+    assert mgr.tree.full_protected_size() == 0 and mgr.tree.state_protected_size() == 0
 
 
 @pytest.mark.parametrize("compat", [None, "sglang"])
-def test_stress_small_pools(compat: str | None) -> None:
-    """Many interleaved multi-turn requests through pools small enough to force
-    KV eviction, state tombstoning, leaf deletion, refused admissions and
-    retractions; conservation and fingerprints checked after every event."""
-    totals: dict[str, int] = {}
-    for seed in range(8):
-        mgr, pool = make_manager(kv_tokens=300, state_slots=6, rows=5, compat=compat)
-        jobs = multi_turn_jobs(seed, sessions=5, turns=5)
-        stats = Simulator(mgr, pool, seed).run(jobs, max_running=4)
-        assert stats["finished"] + stats["aborted"] == len(jobs)
-        assert not mgr.active
+@pytest.mark.parametrize("strategy,page", CONFIGS)
+def test_randomized_runs_conserve_memory_at_every_step(
+    compat: str | None, strategy: str, page: int
+) -> None:
+    """Interleaved multi-turn requests through pools small enough to force KV
+    eviction, state tombstoning and leaf deletion, with random aborts
+    (waiting, mid-prefill, decoding); checked after every step."""
+    totals = {"kv_tokens": 0, "states": 0, "cached": 0, "aborted": 0, "finished": 0}
+    for seed in range(3):
+        kv = 1024 if page < 64 else 2048
+        mgr, pool = make_manager(kv, 16, rows=5, compat=compat, strategy=strategy, page=page)
+        sched = make_scheduler(mgr, pool, chunk=48 if page == 1 else 64, running=4)
+        seqs = drive(sched, pool, multi_turn_jobs(seed, sessions=5, turns=4), seed)
+        assert not mgr.active and not mgr.staged
+        assert mgr.kv.available_size() + mgr.tree.total_size()[0] == kv
+        assert mgr.slots.available_size() + mgr.tree.total_size()[1] == 16
+        totals["kv_tokens"] += mgr.evictions["kv_tokens"]
+        totals["states"] += mgr.evictions["states"]
+        totals["cached"] += sum(s.cached_tokens for s in seqs)
+        totals["aborted"] += sum(s.status == "aborted" for s in seqs)
+        totals["finished"] += sum(s.status == "finished" for s in seqs)
+    assert all(v > 0 for v in totals.values()), f"a path was never exercised: {totals}"
+
+
+def test_retraction_requeues_and_recomputes() -> None:
+    """Long outputs admitted optimistically (the new-token ratio reserves 70%
+    of them) run out of KV while decoding: requests are retracted, their
+    memory returned, and served again later with their outputs kept."""
+    mgr, pool = make_manager(kv_tokens=400, state_slots=16, rows=8)
+    sched = make_scheduler(mgr, pool, chunk=64, running=8)
+    jobs = [Job(list(range(i * 1000, i * 1000 + 30)), list(range(90))) for i in range(6)]
+    seqs = [sequence(j, i) for i, j in enumerate(jobs)]
+    for seq in seqs:
+        sched.submit(seq)
+    while sched.busy:
+        sched.step()
         check_everything(mgr, pool)
-        assert mgr.kv.available_size() + mgr.tree.total_size()[0] == 300
-        assert mgr.slots.available_size() + mgr.tree.total_size()[1] == 6
-        for key, value in {**stats, **mgr.evictions}.items():
-            totals[key] = totals.get(key, 0) + value
-    for path in ("refused", "retracted", "aborted", "kv_tokens", "states", "cached_tokens"):
-        assert totals[path] > 0, f"the stress run never exercised {path}: {totals}"
+    assert sum(s.retractions for s in seqs) > 0
+    assert all(s.status == "finished" and list(s.outputs) == list(range(90)) for s in seqs)
 
 
 def test_default_hits_more_than_sglang_on_multi_turn() -> None:
     rates = {}
     for compat in (None, "sglang"):
         mgr, pool = make_manager(kv_tokens=5000, state_slots=64, rows=4, compat=compat)
-        stats = Simulator(mgr, pool, seed=1, abort_rate=0.0, check=False).run(
-            multi_turn_jobs(1, sessions=4, turns=6), max_running=2
-        )
-        rates[compat] = stats["cached_tokens"] / stats["prompt_tokens"]
+        sched = make_scheduler(mgr, pool, chunk=64, running=2)
+        seqs = drive(sched, pool, multi_turn_jobs(1, sessions=4, turns=6), 1, abort_rate=0.0)
+        rates[compat] = sum(s.cached_tokens for s in seqs) / sum(s.prompt_tokens for s in seqs)
     assert rates[None] > rates["sglang"] > 0
 
 
-def test_lifecycle_misuse_raises() -> None:
+def test_lifecycle_misuse_raises_and_changes_nothing() -> None:
     mgr, pool = make_manager(kv_tokens=100, state_slots=4)
     req = Request(array("q", [1, 2, 3]))
     with pytest.raises(ValueError, match="not admitted"):
         mgr.finish(req)
-    with pytest.raises(ValueError, match="at least one input token"):
-        mgr.admit(Request(array("q")))
-    assert mgr.admit(req)
-    with pytest.raises(ValueError, match="already admitted"):
-        mgr.admit(req)
-    with pytest.raises(ValueError, match="cannot extend"):
-        mgr.extend(req, 10)
+    with pytest.raises(ValueError, match="key_len"):
+        mgr.match(req, 4)
+    assert mgr.match(req, 2)
+    with pytest.raises(ValueError, match="already matched"):
+        mgr.match(req, 2)
+    with pytest.raises(ValueError, match="locked"):
+        mgr.alloc_extend([req], [1])  # not locked yet
+    mgr.lock(req)
+    with pytest.raises(ValueError, match="tokens left"):
+        mgr.alloc_extend([req], [10])
+    with pytest.raises(ValueError, match="distinct"):
+        mgr.alloc_extend([req, req], [1, 1])
+    assert mgr.kv.available_size() == 100 and mgr.rows.available_size() == 8
     mgr.abort(req)
     with pytest.raises(ValueError, match="not admitted"):
-        mgr.abort(req)
+        mgr.cache_unfinished(req)
     check_everything(mgr, pool)
 
 
-def test_jobs_helper_builds_growing_sessions() -> None:
-    jobs = multi_turn_jobs(0, sessions=2, turns=3)
-    assert len(jobs) >= 6 and all(isinstance(j, Job) for j in jobs)
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"strategy": "eager"}, "strategy"),
+        ({"strategy": "no_buffer", "page": 16}, "page_size must be 1"),
+    ],
+)
+def test_bad_setup_is_refused(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make_manager(kv_tokens=64, state_slots=4, **kwargs)  # type: ignore[arg-type]
+
+
+def test_track_slots_must_be_one_or_two() -> None:
+    mgr, pool = make_manager(kv_tokens=64, state_slots=4, strategy="extra_buffer")
+    with pytest.raises(ValueError, match="track_slots"):
+        CacheManager(
+            mgr.tree, mgr.kv, mgr.slots, pool, mgr.rows, strategy="extra_buffer", track_slots=3
+        )

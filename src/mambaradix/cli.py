@@ -83,7 +83,7 @@ def _add_replay(p: argparse.ArgumentParser) -> None:
 def _replay(args: argparse.Namespace) -> int:
     from mambaradix.replay.models import get_profile
     from mambaradix.replay.policies import POLICIES
-    from mambaradix.replay.sim import ServingConfig
+    from mambaradix.replay.serving import ServingConfig
     from mambaradix.replay.sweep import plot, sweep, table
     from mambaradix.replay.workloads import load
 
@@ -185,8 +185,8 @@ def _engine(args: argparse.Namespace) -> int:
     try:
         import torch
 
+        from mambaradix.compare import compare_cache, engine_sessions
         from mambaradix.engine.models import PRESETS, build_model
-        from mambaradix.engine.workload import compare_cache, trace_sessions
     except ImportError as e:
         print(f"error: {e} (install the engine extra)", file=sys.stderr)
         return 2
@@ -200,7 +200,7 @@ def _engine(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     vocab = int(build_model(args.model, args.seed).config.vocab_size)
     try:
-        sessions = trace_sessions(args.workload, vocab, args.sessions)
+        sessions = engine_sessions(args.workload, vocab, args.sessions)
     except (KeyError, ValueError, OSError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

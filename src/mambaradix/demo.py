@@ -3,8 +3,9 @@ default behaviour and with compat="sglang", side by side.
 
 Sessions share a few long system prompts; every turn's prompt is the session's
 whole history plus a new user message; some prompts are re-sent verbatim (a
-retry). Requests run one after another through the full lifecycle with small
-pools, so eviction happens.
+retry). Requests run one after another through the scheduler (the same driver the
+engine and the replay use) with a stand-in model and small pools, so eviction
+happens.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import random
 from array import array
 
 from mambaradix.core.tree import MambaRadixCache
-from mambaradix.lifecycle import CacheManager, Request
+from mambaradix.lifecycle import CacheManager
 from mambaradix.pools import (
     FingerprintStatePool,
     ReqToTokenTable,
     StateSlotAllocator,
     TokenKVAllocator,
 )
-from mambaradix.sim import serve_request
+from mambaradix.scheduler import FingerprintForward, Scheduler, SchedulerConfig, Sequence
 
 Turn = tuple[list[int], list[int]]
 
@@ -45,6 +46,7 @@ def demo_sessions(sessions: int, turns: int, seed: int, vocab: int = 32_000) -> 
 def serve_all(
     compat: str | None, turns: list[Turn], kv_tokens: int, slots: int, chunk: int
 ) -> dict[str, float]:
+    """Serve the turns through the scheduler, one at a time, with a stand-in model."""
     pool = FingerprintStatePool(slots)
     context = max(len(p) + len(a) for p, a in turns)
     mgr = CacheManager(
@@ -52,19 +54,21 @@ def serve_all(
         TokenKVAllocator(kv_tokens),
         StateSlotAllocator(slots),
         pool,
-        ReqToTokenTable(1, context),
+        ReqToTokenTable(1, context + 1),
     )
-    prompt_tokens = cached = 0
-    for prompt, answer in turns:
-        req = Request(array("q", prompt), output_ids=list(answer))
-        if not mgr.admit(req):
-            raise RuntimeError("an idle cache refused a request: pools too small")
-        prompt_tokens += len(prompt)
-        cached += req.cached_len
-        if not serve_request(mgr, pool, req, chunk):
-            raise RuntimeError("a request does not fit in the KV pool alone")
+    sched = Scheduler(
+        mgr, FingerprintForward(mgr, pool), config=SchedulerConfig(chunk_tokens=chunk, max_running=1)
+    )
+    seqs = []
+    for i, (prompt, answer) in enumerate(turns):
+        seq = Sequence(array("q", prompt), len(answer), script=array("q", answer), id=i)
+        sched.submit(seq)
+        seqs.append(seq)
+        sched.run()
     mgr.tree.check_invariants()
     mgr.check_conservation()
+    prompt_tokens = sum(s.prompt_tokens for s in seqs)
+    cached = sum(s.cached_tokens for s in seqs)
     return {
         "requests": len(turns),
         "prompt tokens": prompt_tokens,

@@ -1,40 +1,23 @@
-"""`Engine`: a reference serving loop for real hybrid models on the prefix cache.
+"""`Engine`: a reference serving engine for real hybrid models on the prefix cache.
 
-Scheduling (deliberately simple; batch size 1 per forward):
+It is the project's one request driver (`mambaradix.scheduler.Scheduler`:
+SGLang's continuous batching with prefill priority, chunked prefill, admission
+budgets, retraction) with the real model as its forward (`TorchForward`) and
+the project's pools as its memory: attention K/V in a KV pool indexed by the
+lifecycle's KV indices, conv and SSM states in a `TorchStatePool`, the radix
+tree owning what is cached. Decoding is greedy.
 
-* `generate(prompts)` queues one sequence per prompt. Up to `max_running`
-  sequences run at once; they are admitted one per step (`CacheManager.admit`:
-  match, lock, copy-on-write of the matched state into the sequence's running
-  slot), so a sequence's first prefill chunk is checkpointed before the next
-  one is matched and prompts submitted together reuse each other's prefixes.
-* Round-robin over the running sequences: each step runs ONE forward for ONE
-  sequence, either its next prefill chunk or one decode token. Sequences
-  therefore arrive and finish independently, interleaved, but no two are
-  batched into the same forward.
-* Prefill stops (and checkpoints with `cache_unfinished`) at every chunk end,
-  at the branch point `kv_hit_len` (where this prompt leaves a cached path,
-  so a sibling prompt can reuse the state there), and at input - 1 (the
-  lifecycle's default stop, so identical prompts hit; the last prompt token is
-  fed by the first decode step).
-* Greedy decode. A finished sequence is inserted whole (`finish`), donating its
-  running slot to the tree.
-* Memory: when `extend` cannot get KV even after evicting unlocked tree leaves,
-  another running sequence is retracted (the most recently admitted one):
-  `abort` frees its private KV and slot, its generated tokens are kept, and it
-  is requeued at the head of the queue; when readmitted its prompt is
-  input + generated-so-far and it continues where it stopped. After a
-  retraction no new sequence is admitted until a running one finishes, so the
-  running set shrinks until it fits (no livelock). A sequence that does not
-  fit in the KV pool alone raises `RuntimeError`.
-
-`prefix_cache=False` runs the same loop but never checkpoints and aborts
-instead of finishing, so the tree stays empty and every match is empty.
+Strategies as in SGLang: `no_buffer` (page_size 1; a checkpoint copies the
+running state where the prefill stopped: chunk ends, the branch point and
+input - 1 in the default mode) and `extra_buffer` (any page size; the forward
+writes the state at the tracked position into a ping-pong slot, which the tree
+takes). `prefix_cache=False` runs the same loop with nothing ever cached.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +26,22 @@ import torch
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.engine.adapter import PoolAdapter
 from mambaradix.engine.models import build_model
-from mambaradix.lifecycle import CacheManager, Request
-from mambaradix.pools import ReqToTokenTable, StateSlotAllocator, TokenKVAllocator
+from mambaradix.lifecycle import CacheManager, Evictor, Request, lru_evictor
+from mambaradix.pools import (
+    PagedKVAllocator,
+    ReqToTokenTable,
+    StateSlotAllocator,
+    TokenKVAllocator,
+)
+from mambaradix.scheduler import (
+    CheckpointPolicy,
+    DecodeStep,
+    Extend,
+    Scheduler,
+    SchedulerConfig,
+    SGLangCheckpoints,
+    Sequence,
+)
 
 __all__ = ["Engine", "Result"]
 
@@ -67,16 +64,61 @@ class Result:
     latency_s: float = 0.0
 
 
-@dataclass(eq=False)
-class _Seq:
-    index: int
-    prompt: list[int]
-    max_new: int
-    result: Result
-    req: Request | None = None
-    stops: list[int] = field(default_factory=list)
-    admitted_at: int = 0
-    computed_prompt: int = 0  # prompt tokens run by this admission
+class NoCache(SGLangCheckpoints):
+    """Never checkpoint, never insert: the tree stays empty."""
+
+    def cache_at(self, req: Request, kind: str) -> bool:
+        return False
+
+    def insert_at_finish(self, req: Request) -> bool:
+        return False
+
+
+class TorchForward:
+    """The scheduler's forward on a `PoolAdapter`: one model forward per
+    prefill extend and per decoding sequence; greedy sampling."""
+
+    def __init__(self, adapter: PoolAdapter, cache: CacheManager) -> None:
+        self.adapter, self.cache = adapter, cache
+        self.logits: dict[int, list[torch.Tensor]] = {}
+        self.forwards = 0
+
+    def _run(self, req: Request, start: int, end: int) -> torch.Tensor:
+        assert req.row is not None and req.slot is not None
+        context = self.cache.rows.read(req.row, 0, start)
+        new_kv = self.cache.rows.read(req.row, start, end)
+        self.forwards += 1
+        return self.adapter.forward(req.tokens[start:end], start, context, new_kv, req.slot)
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> int:
+        self.logits.setdefault(id(seq), []).append(logits.clone())
+        return int(torch.argmax(logits))
+
+    def prefill(self, batch: list[Extend]) -> list[int | None]:
+        out: list[int | None] = []
+        for e in batch:
+            req = e.seq.req
+            if e.track_at is not None and e.track_slot is not None:
+                logits = self._run(req, e.start, e.track_at)
+                assert req.slot is not None
+                self.adapter.states.copy([req.slot], [e.track_slot])
+                if e.track_at < e.end:
+                    logits = self._run(req, e.track_at, e.end)
+            else:
+                logits = self._run(req, e.start, e.end)
+            out.append(self._sample(e.seq, logits) if e.end == req.total_len else None)
+        return out
+
+    def decode(self, batch: list[DecodeStep]) -> list[int]:
+        out = []
+        for d in batch:
+            req = d.seq.req
+            logits = self._run(req, req.computed - 1, req.computed)
+            if d.track_slot is not None:
+                assert req.slot is not None
+                self.adapter.states.copy([req.slot], [d.track_slot])
+            out.append(self._sample(d.seq, logits))
+        return out
 
 
 class Engine:
@@ -84,9 +126,13 @@ class Engine:
 
     model: a preset (`"nemotron-h-tiny"`, `"qwen3-next-tiny"`) or a local
     checkpoint directory. kv_tokens / state_slots: pool sizes; chunk_size:
-    prefill chunk; max_running: sequences admitted at once (also the rows of
-    the request-to-token table); max_context: longest sequence.
-    The cache (tree + pools) persists across `generate` calls.
+    prefill chunk (SGLang's chunked prefill size); max_running: sequences
+    running at once (also the rows of the request table); max_context:
+    longest sequence; page_size / strategy: as SGLang's `--page-size` and
+    `--mamba-radix-cache-strategy`; compat="sglang" for SGLang's tree and
+    rules; checkpoints / evictor: where states are cached and what is evicted
+    (default: `DefaultCheckpoints`, or SGLang's with compat="sglang"; LRU).
+    The cache persists across `generate` calls.
     """
 
     def __init__(
@@ -102,34 +148,49 @@ class Engine:
         dtype: torch.dtype = torch.float32,
         model_overrides: dict[str, Any] | None = None,
         net: Any = None,
+        page_size: int = 1,
+        strategy: str = "no_buffer",
+        compat: str | None = None,
+        track_interval: int = 256,
+        checkpoints: CheckpointPolicy | None = None,
+        evictor: Evictor = lru_evictor,
+        sglang_rules: bool | None = None,
     ) -> None:
-        if chunk_size < 1 or max_running < 1:
-            raise ValueError("chunk_size and max_running must be >= 1")
+        _check_sizes(kv_tokens, state_slots, chunk_size, max_running, page_size)
         self.model_name = model
         self.net = net if net is not None else build_model(model, seed, dtype, model_overrides)
         self.prefix_cache = prefix_cache
-        self.chunk_size = chunk_size
-        self.max_running = max_running
         self.adapter = PoolAdapter(self.net, kv_tokens, state_slots)
+        mamba_chunk = max(64, page_size)  # SGLang: max(FLA chunk 64, page_size)
+        kv = TokenKVAllocator(kv_tokens) if page_size == 1 else PagedKVAllocator(kv_tokens, page_size)
         self.mgr = CacheManager(
-            MambaRadixCache(page_size=1, chunk_size=1),
-            TokenKVAllocator(kv_tokens),
+            MambaRadixCache(page_size=page_size, chunk_size=mamba_chunk, compat=compat),
+            kv,
             StateSlotAllocator(state_slots),
             self.adapter.states,
-            ReqToTokenTable(max_running, max_context or kv_tokens),
+            ReqToTokenTable(max_running, (max_context or kv_tokens) + page_size),
+            strategy=strategy,
+            evictor=evictor,
+            sglang_rules=sglang_rules,
         )
-        self._stats = {
-            "requests": 0,
-            "prompt_tokens": 0,
-            "cached_tokens": 0,
-            "computed_prefill_tokens": 0,
-            "decode_tokens": 0,
-            "forwards": 0,
-            "retractions": 0,
-            "retracted_prefill_tokens": 0,
-        }
-        self._admissions = 0
-        self._retracted: list[_Seq] = []
+        self.forward = TorchForward(self.adapter, self.mgr)
+        cfg = SchedulerConfig(
+            chunk_tokens=chunk_size, max_running=max_running, track_interval=track_interval
+        )
+        policy = checkpoints if prefix_cache else NoCache()
+        self.scheduler = Scheduler(self.mgr, self.forward, policy, cfg)
+        self._stats = dict.fromkeys(
+            (
+                "requests",
+                "prompt_tokens",
+                "cached_tokens",
+                "computed_prefill_tokens",
+                "decode_tokens",
+                "retractions",
+                "retracted_prefill_tokens",
+            ),
+            0,
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -139,65 +200,63 @@ class Engine:
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int = 16) -> list[Result]:
         """Greedy-decode `max_new_tokens` for every prompt (token id lists),
-        interleaving them round-robin. Returns one `Result` per prompt."""
+        batched by the scheduler. Returns one `Result` per prompt."""
+        self._check_prompts(prompts, max_new_tokens)
+        if max_new_tokens == 0:
+            return [Result(prompt_tokens=len(p)) for p in prompts]
+        t0 = time.perf_counter()
+        seqs = [Sequence(array("q", p), max_new_tokens, id=i) for i, p in enumerate(prompts)]
+        for seq in seqs:
+            seq.arrival = t0
+            self.scheduler.submit(seq)
+        try:
+            self.scheduler.run()
+        except BaseException:
+            for seq in seqs:  # free what the failed call holds: the engine stays usable
+                self.scheduler.abort(seq)
+            raise
+        return [self._result(seq, t0) for seq in seqs]
+
+    def _check_prompts(self, prompts: list[list[int]], max_new_tokens: int) -> None:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
         for p in prompts:
             if not p:
                 raise ValueError("every prompt needs at least one token")
+            if any(isinstance(t, bool) or not isinstance(t, int) for t in p):
+                raise TypeError("prompt token ids must be ints")
             if any(not 0 <= t < self.vocab_size for t in p):
-                raise ValueError(f"token ids must be in [0, {self.vocab_size})")
-        t0 = time.perf_counter()
-        seqs = [_Seq(i, list(p), max_new_tokens, Result()) for i, p in enumerate(prompts)]
-        self._stats["requests"] += len(seqs)
-        waiting: deque[_Seq] = deque(s for s in seqs if s.max_new > 0)
-        running: deque[_Seq] = deque()
-        hold = False  # after a retraction: admit nothing until a sequence finishes
-        try:
-            self._loop(waiting, running, hold, t0)
-        except BaseException:
-            self._retracted = []
-            for seq in seqs:  # free what the failed call holds: the engine stays usable
-                if seq.req is not None:
-                    self.mgr.abort(seq.req)
-                    seq.req = None
-            raise
-        return [s.result for s in seqs]
+                raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
 
-    def _loop(self, waiting: deque[_Seq], running: deque[_Seq], hold: bool, t0: float) -> None:
-        while waiting or running:
-            # Admit one sequence per step: the ones already running get a prefill
-            # chunk in (and checkpoint it) before the next is matched, so requests
-            # submitted together still reuse each other's shared prefixes.
-            if waiting and len(running) < self.max_running and not (hold and running):
-                if self._admit(waiting[0]):
-                    running.append(waiting.popleft())
-                elif not running:
-                    raise RuntimeError("cannot admit a request into an idle engine")
-            seq = running.popleft()
-            outcome = self._step(seq, running)
-            if outcome == "retracted_others":
-                hold = True
-                for victim in self._retracted:
-                    waiting.appendleft(victim)
-                self._retracted = []
-            if seq.req is None:  # finished
-                seq.result.latency_s = time.perf_counter() - t0
-                hold = False
-            else:
-                running.append(seq)
-            if seq.result.output_ids and seq.result.ttft_s == 0.0:
-                seq.result.ttft_s = time.perf_counter() - t0
+    def _result(self, seq: Sequence, t0: float) -> Result:
+        s = self._stats
+        s["requests"] += 1
+        s["prompt_tokens"] += seq.prompt_tokens
+        s["cached_tokens"] += seq.cached_tokens
+        s["computed_prefill_tokens"] += seq.prefill_tokens - seq.retracted_tokens
+        s["decode_tokens"] += len(seq.outputs) - 1
+        s["retractions"] += seq.retractions
+        s["retracted_prefill_tokens"] += seq.retracted_tokens
+        return Result(
+            output_ids=list(seq.outputs),
+            logits=self.forward.logits.pop(id(seq), []),
+            cached_tokens=seq.cached_tokens,
+            prompt_tokens=seq.prompt_tokens,
+            retractions=seq.retractions,
+            ttft_s=(seq.first_token_time or t0) - t0,
+            latency_s=(seq.finish_time or t0) - t0,
+        )
 
     def stats(self) -> dict[str, float]:
         """Counters since construction: requests; prompt_tokens, cached_tokens
-        and computed_prefill_tokens (prompt tokens run through the model, the
-        last one with the first decode step) over completed admissions, so
-        computed_prefill_tokens == prompt_tokens - cached_tokens; decode_tokens,
-        forwards, hit_rate (cached / prompt), evicted_kv_tokens, evicted_states,
-        evictions (their sum), retractions, retracted_prefill_tokens (prompt
-        tokens computed by admissions that were then retracted: wasted work)."""
+        and computed_prefill_tokens (prompt tokens the model ran in prefill,
+        over completed admissions); decode_tokens, forwards, hit_rate (cached /
+        prompt), evicted_kv_tokens, evicted_states, evictions (their sum),
+        retractions, retracted_prefill_tokens (prefill work lost to them)."""
         s: dict[str, float] = dict(self._stats)
+        s["forwards"] = self.forward.forwards
         s["hit_rate"] = s["cached_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0.0
         s["evicted_kv_tokens"] = self.mgr.evictions["kv_tokens"]
         s["evicted_states"] = self.mgr.evictions["states"]
@@ -206,16 +265,9 @@ class Engine:
 
     def check(self) -> None:
         """Leak checks (raise AssertionError): conservation of KV indices and
-        state slots, tree invariants, and with no request running, free + tree
-        == capacity for both pools."""
-        mgr = self.mgr
-        mgr.check_conservation()
-        mgr.tree.check_invariants()
-        if not mgr.active:
-            tree_kv = len(mgr.tree.all_kv_indices())
-            tree_states = len(mgr.tree.all_states())
-            assert mgr.kv.available_size() + tree_kv == mgr.kv.capacity
-            assert mgr.slots.available_size() + tree_states == mgr.slots.capacity
+        state slots, and the tree's invariants."""
+        self.mgr.check_conservation()
+        self.mgr.tree.check_invariants()
 
     def reset_cache(self) -> None:
         """Drop everything the tree caches (no request may be running)."""
@@ -227,86 +279,19 @@ class Engine:
         if r.freed_states:
             self.mgr.slots.free(r.freed_states)
 
-    # ------------------------------------------------------------- internals
 
-    def _admit(self, seq: _Seq) -> bool:
-        req = Request(input_ids=_arr(seq.prompt + seq.result.output_ids))
-        if not self.mgr.admit(req):
-            return False
-        seq.req = req
-        self._admissions += 1
-        seq.admitted_at = self._admissions
-        end = len(req.input_ids) - 1
-        stops = set(self.mgr.plan_prefill(req, self.chunk_size))
-        if self.prefix_cache and req.computed < req.kv_hit_len < end:
-            stops.add(req.kv_hit_len)
-        seq.stops = sorted(stops)
-        seq.computed_prompt = 0
-        seq.result.prompt_tokens = len(req.input_ids)
-        seq.result.cached_tokens = req.cached_len
-        return True
-
-    def _step(self, seq: _Seq, running: deque[_Seq]) -> str:
-        """One forward for `seq`: its next prefill chunk or one decode token.
-        Returns "retracted_others" if other sequences were retracted (listed
-        in self._retracted) to make room."""
-        req = seq.req
-        assert req is not None and req.slot is not None and req.row is not None
-        outcome = "ok"
-        prefill = bool(seq.stops)
-        n = seq.stops[0] - req.computed if prefill else 1
-        start = req.computed
-        new_kv = self.mgr.extend(req, n)
-        while new_kv is None:
-            victims = [s for s in running if s.req is not None]
-            if not victims:
-                raise RuntimeError(
-                    f"a request of {len(req.tokens)} tokens does not fit in "
-                    f"{self.mgr.kv.capacity} KV tokens"
-                )
-            victim = max(victims, key=lambda s: s.admitted_at)
-            running.remove(victim)
-            self._retract(victim)
-            self._retracted = [*self._retracted, victim]
-            outcome = "retracted_others"
-            new_kv = self.mgr.extend(req, n)
-        tokens = req.tokens[start : start + n]
-        context = self.mgr.rows.read(req.row, 0, start)
-        logits = self.adapter.forward(tokens, start, context, new_kv, req.slot)
-        self._stats["forwards"] += 1
-        if prefill:
-            seq.stops.pop(0)
-            seq.computed_prompt += n
-            if self.prefix_cache:
-                self.mgr.cache_unfinished(req)
-            return outcome
-        if req.computed == len(req.input_ids):  # the last prompt token came with this step
-            seq.computed_prompt += 1
-        else:
-            self._stats["decode_tokens"] += 1
-        token = int(torch.argmax(logits))
-        req.output_ids.append(token)
-        seq.result.output_ids.append(token)
-        seq.result.logits.append(logits.clone())
-        if len(seq.result.output_ids) >= seq.max_new:
-            self.mgr.finish(req, insert=self.prefix_cache)
-            seq.req = None
-            self._stats["prompt_tokens"] += seq.result.prompt_tokens
-            self._stats["cached_tokens"] += seq.result.cached_tokens
-            self._stats["computed_prefill_tokens"] += seq.computed_prompt
-        return outcome
-
-    def _retract(self, seq: _Seq) -> None:
-        assert seq.req is not None
-        self.mgr.abort(seq.req)
-        seq.req = None
-        seq.stops = []
-        seq.result.retractions += 1
-        self._stats["retractions"] += 1
-        self._stats["retracted_prefill_tokens"] += seq.computed_prompt
-
-
-def _arr(tokens: list[int]) -> Any:
-    from array import array
-
-    return array("q", tokens)
+def _check_sizes(kv: object, slots: object, chunk: object, running: object, page: object) -> None:
+    for name, value in (
+        ("kv_tokens", kv),
+        ("state_slots", slots),
+        ("chunk_size", chunk),
+        ("max_running", running),
+        ("page_size", page),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    assert isinstance(kv, int) and isinstance(page, int)
+    if kv % page:
+        raise ValueError(f"kv_tokens ({kv}) must be a multiple of page_size ({page})")

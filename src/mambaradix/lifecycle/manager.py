@@ -109,6 +109,7 @@ class CacheManager:
         strategy: str = "no_buffer",
         track_slots: int = 2,
         evictor: Evictor = lru_evictor,
+        sglang_rules: bool | None = None,
     ) -> None:
         _check_setup(tree, kv, strategy, track_slots)
         self.tree, self.kv, self.slots, self.states, self.rows = tree, kv, slots, states, rows
@@ -116,7 +117,7 @@ class CacheManager:
         self.extra_buffer = strategy == "extra_buffer"
         self.track_slots = track_slots if self.extra_buffer else 0
         self.page_size = tree.page_size
-        self.sglang = tree.compat == "sglang"
+        self.sglang = tree.compat == "sglang" if sglang_rules is None else sglang_rules
         self.evictor = evictor
         self.active: set[Request] = set()  # admitted: hold a row, slots, KV, a lock
         self.staged: set[Request] = set()  # matched, holding a copy-on-write slot

@@ -1,19 +1,24 @@
-"""Checkpoint admission and eviction policies, each a small plug-in on the same tree.
+"""Checkpoint admission and eviction policies, each a small plug-in on the same
+tree and the same scheduler.
 
-A policy answers three questions for the serving model (`sim.py`):
+A policy is a `mambaradix.scheduler.CheckpointPolicy` (where states are
+checkpointed: `stops`, `cache_at`, `insert_at_finish`, callbacks) plus an
+eviction rule (`evict(tree, kv_units, states)`, the cache manager's evictor),
+the tree behaviour (`compat`) and the lifecycle strategy (`strategy`).
 
-* `stops(req, n_in, committed)`: at which positions (in units, beyond what the
-  request reused) to checkpoint a state while computing it. Positions up to
-  `n_in` happen during prefill, later ones during decode.
-* `finish_insert`: whether the finished sequence is inserted with its final
-  state (the "last decoded token" checkpoint).
-* `evict(tree, kv_units, states)`: what to free when a pool runs short.
-
-    sglang       compat="sglang"; every prefill chunk end, prompt end, finish; LRU
-    sglang-used  0.5.16+ (#31643): same checkpoints; LRU refreshing only the used state
-    vllm         align mode: block-aligned positions only; LRU
-    marconi      branch point + last decoded token; FLOP-aware utility, alpha tuned
-    mambaradix   branch point + last prompt unit + finish; GreedyDual on FLOPs saved
+    sglang               SGLang 0.5.15.post1, no_buffer: every prefill chunk end,
+                         the prompt end (if decoding goes on), finish; LRU;
+                         SGLang's scheduler rules (compat tree)
+    sglang-extra-buffer  SGLang 0.5.15.post1's default for these models:
+                         extra_buffer tracking (chunk-aligned prefill positions,
+                         the branching point, every track_interval in decode)
+    sglang-used          0.5.16+ (#31643): sglang's checkpoints; LRU refreshing
+                         only the used state
+    vllm                 align mode: block-aligned positions only; LRU
+    marconi              branch point + last decoded token; FLOP-aware utility,
+                         alpha tuned
+    mambaradix           branch point + last prompt unit + finish; GreedyDual on
+                         FLOPs saved
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import Request
+from mambaradix.scheduler import CHUNK, DECODED, FINISH, PROMPT_END, STOP, DefaultCheckpoints
 
 if TYPE_CHECKING:
     from mambaradix.replay.models import ModelProfile
@@ -46,36 +52,51 @@ class PolicyContext:
 
 
 class Policy:
+    """The base: SGLang's checkpoints, the tree's LRU eviction."""
+
     name = "base"
     compat: str | None = None
-    finish_insert: bool = True
+    sglang_rules = False  # SGLang's head-room and eviction amounts (CacheManager)
+    strategy = "no_buffer"
+    finish_insert = True
+    decode_interval: int | None = None  # no_buffer: checkpoint every N decoded units
 
     def attach(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
 
-    def stops(self, req: Request, n_in: int, committed: int) -> list[int]:
-        raise NotImplementedError
+    def stops(self, req: Request) -> list[int]:
+        return []
+
+    def cache_at(self, req: Request, kind: str) -> bool:
+        return True
+
+    def insert_at_finish(self, req: Request) -> bool:
+        return self.finish_insert
+
+    def on_admitted(self, req: Request) -> None:
+        """Called after a request matched (and locked) its prefix."""
+
+    def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
+        """Called with the node now holding a state the request cached."""
+
+    def on_request_done(self) -> None:
+        """Called once per finished request (for tuning)."""
 
     def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
         return tree.evict(kv_tokens=kv_units, states=states)
 
-    def on_admit(self, tree: MambaRadixCache, req: Request) -> None:
-        """Called after a request matched (and locked) its prefix."""
 
-    def on_request_done(self, req: Request) -> None:
-        """Called once per finished request (for tuning)."""
+class DefaultPolicy(Policy):
+    """The engine's default: `DefaultCheckpoints` (chunk ends, the branch
+    point, input - 1, finish) with the tree's LRU eviction."""
 
-    def should_finish_insert(self, req: Request) -> bool:
-        """Insert the finished sequence with its final state?"""
-        return self.finish_insert
+    name = "default"
 
-    def on_checkpoint(self, node: TreeNode, position: int, final: bool) -> None:
-        """Called with the node holding a state the request just cached (at
-        `position` units; `final` for the finished sequence)."""
+    def stops(self, req: Request) -> list[int]:
+        return DefaultCheckpoints().stops(req)
 
-    def _chunk_ends(self, start: int, end: int) -> list[int]:
-        c = self.ctx.chunk_units
-        return list(range(start + c, end, c))
+    def cache_at(self, req: Request, kind: str) -> bool:
+        return kind != PROMPT_END
 
 
 class SGLang(Policy):
@@ -84,42 +105,56 @@ class SGLang(Policy):
 
     name = "sglang"
     compat: str | None = "sglang"
+    sglang_rules = True
 
-    def stops(self, req: Request, n_in: int, committed: int) -> list[int]:
-        return [*self._chunk_ends(req.computed, n_in), n_in] if n_in > req.computed else []
+
+class SGLangExtraBuffer(SGLang):
+    """SGLang 0.5.15.post1's default strategy for Nemotron-H and Qwen3-Next:
+    extra_buffer (ping-pong track slots, states only at tracked positions)."""
+
+    name = "sglang-extra-buffer"
+    strategy = "extra_buffer"
 
 
 class SGLangUsed(SGLang):
-    """SGLang 0.5.16+: the same checkpoints; a match refreshes only the state it uses."""
+    """SGLang 0.5.16+: the same checkpoints; a match refreshes only the state it
+    uses (#31643). Departure: our tree's read-only match also never splits an
+    edge on lookup (0.5.16 still does)."""
 
     name = "sglang-used"
     compat = None
 
 
+def vllm_block_tokens(profile: ModelProfile) -> int:
+    """vLLM's attention block: padded up to one state's bytes, a multiple of 16."""
+    tokens = -(-profile.state_bytes // profile.kv_bytes_per_token)
+    return -(-tokens // 16) * 16
+
+
 class VLLM(Policy):
-    """vLLM's "align" mode: states only at block boundaries, one at the last
-    boundary of each scheduler step (prefill chunks are block aligned) and one
-    whenever decoding crosses a boundary. The block is the attention block
-    vLLM pads up to one state's bytes (page-size unification)."""
+    """vLLM's "align" mode: states only at block boundaries: the last boundary
+    a prefill step reaches and every boundary decoding crosses; no partial
+    block is cached (no finish insert). The block is the attention block vLLM
+    pads up to one state's bytes (page-size unification). Departure: our
+    scheduler's chunks are not block aligned, so a chunk's state is taken at
+    the last block boundary inside it (a stop there)."""
 
     name = "vllm"
     finish_insert = False
 
     def attach(self, ctx: PolicyContext) -> None:
         super().attach(ctx)
-        tokens = -(-ctx.profile.state_bytes // ctx.profile.kv_bytes_per_token)
-        tokens = -(-tokens // 16) * 16
-        self.block_units = max(1, -(-tokens // ctx.unit_tokens))
+        self.block_units = max(1, -(-vllm_block_tokens(ctx.profile) // ctx.unit_tokens))
+        self.decode_interval = self.block_units
 
-    def stops(self, req: Request, n_in: int, committed: int) -> list[int]:
-        b = self.block_units
+    def stops(self, req: Request) -> list[int]:
+        b, n_in = self.block_units, req.total_len
         chunk = max(b, self.ctx.chunk_units // b * b)
-        start = req.computed
-        ends = [*range(start + chunk, n_in, chunk), n_in]
-        out = sorted({e // b * b for e in ends if e // b * b > start})
-        last = out[-1] if out else start
-        out += list(range((max(last, n_in) // b + 1) * b, committed + 1, b))  # decode crossings
-        return out
+        ends = [*range(req.computed + chunk, n_in, chunk), n_in]
+        return sorted({e // b * b for e in ends if req.computed < e // b * b < n_in})
+
+    def cache_at(self, req: Request, kind: str) -> bool:
+        return kind == STOP or req.computed % self.block_units == 0
 
 
 class Marconi(Policy):
@@ -139,13 +174,16 @@ class Marconi(Policy):
         self.bootstrap = bootstrap_multiplier
         self.requests_seen = 0
         self.first_eviction_at: int | None = None
-        self.tuner: Callable[[float], float] | None = None  # set by the simulator
+        self.tuner: Callable[[float], float] | None = None  # set by the replay
 
-    def stops(self, req: Request, n_in: int, committed: int) -> list[int]:
+    def stops(self, req: Request) -> list[int]:
         branch = req.kv_hit_len
-        return [branch] if req.computed < branch < n_in else []
+        return [branch] if req.computed < branch < req.total_len else []
 
-    def on_request_done(self, req: Request) -> None:
+    def cache_at(self, req: Request, kind: str) -> bool:
+        return kind == STOP
+
+    def on_request_done(self) -> None:
         self.requests_seen += 1
         if not self.tune or self.first_eviction_at is None or self.tuner is None:
             return
@@ -197,28 +235,16 @@ class MambaRadix(Policy):
     """Ours.
 
     Admission. Every request checkpoints its branch point (where its input
-    leaves the cached KV: the next request sharing this prefix hits, Marconi's
-    speculative insertion without its extra pass) and its finished sequence
-    (the next turn). A third kind, the state at the last prompt unit, makes an
-    identical or retried prompt hit (#22935) and, on block traces, the last
-    full block that the next turn shares (Mooncake, whose outputs never
-    recur). It is admitted whenever a state slot is free (it displaces
-    nothing), and under pressure only once such states have a track record
-    (16 admitted while slots were free, or by exploration) of being reused
-    often enough, at least 2%
-    of them and at least a quarter of the finished states' rate (finished
-    states usually cover the same path); otherwise once in 32, to notice a
-    change. A request's prompt state is demoted to the bottom as soon as its
-    own finished state lands below it. The finished sequence is skipped only
-    when finished states are never reused and the prompt state already put
-    the request in the tree. No chunk-end checkpoints: they rarely match and
-    each costs a state.
+    leaves the cached KV) and its finished sequence. A third kind, the state
+    at the last prompt unit, makes an identical or retried prompt hit (#22935)
+    and, on block traces, the last full block that the next turn shares. It is
+    admitted whenever a state slot is free, and under pressure only once such
+    states have a track record of being reused. No chunk-end checkpoints.
 
     Eviction: GreedyDual-Size-Frequency. A state's priority is
     L + hits * (prefill FLOPs it saves over the nearest cached state above it),
-    per state slot, or per KV unit when KV is short (only leaves free KV);
-    the lowest goes first and L rises to its priority, so recency, reuse and
-    recompute cost all count."""
+    per state slot, or per KV unit when KV is short; the lowest goes first and
+    L rises to its priority."""
 
     name = "mambaradix"
     kinds = ("branch", "prompt", "finish")
@@ -228,20 +254,15 @@ class MambaRadix(Policy):
         self.inflation = 0.0
         self.stats = {k: [0, 0] for k in self.kinds}  # admitted, reused at least once
         self.skipped = dict.fromkeys(self.kinds, 0)
-        self.prompt_taken: dict[int, bool] = {}
+        self.planned: dict[int, dict[int, str]] = {}  # id(req) -> position -> kind
 
     def rate(self, kind: str) -> float:
         admitted, useful = self.stats[kind]
         return useful / admitted if admitted else 0.0
 
     def admits(self, kind: str) -> bool:
-        """Finished states and branch points always; a prompt-end state while
-        such states are reused often enough, absolutely and relative to the
-        finished states that usually cover the same path (see the class doc)."""
         if kind != "prompt" or self.ctx.free_states() > 1:
             return True  # a free slot displaces nothing
-        # Under pressure only a kind with a track record (from free-slot times)
-        # that earns its keep is admitted.
         admitted = self.stats["prompt"][0]
         rule = max(self.min_useful, self.relative * self.rate("finish"))
         if admitted >= self.warmup and self.rate("prompt") >= rule:
@@ -249,37 +270,38 @@ class MambaRadix(Policy):
         self.skipped[kind] += 1
         return self.skipped[kind] % self.explore_every == 0
 
-    def stops(self, req: Request, n_in: int, committed: int) -> list[int]:
+    def stops(self, req: Request) -> list[int]:
         points: dict[int, str] = {}
+        n_in = req.total_len
         if req.computed < req.kv_hit_len < n_in:
             points[req.kv_hit_len] = "branch"
         if n_in - 1 > req.computed and self.admits("prompt"):
             points.setdefault(n_in - 1, "prompt")
-        self.pending = points
-        self.prompt_taken[id(req)] = "prompt" in points.values()
+        self.planned[id(req)] = points
         return sorted(points)
 
-    def should_finish_insert(self, req: Request) -> bool:
-        """Skip the finished sequence only when its states are never reused and
-        the prompt-end checkpoint already put this request's prompt in the tree
-        (otherwise the insert is what lets later requests find a branch point)."""
-        took_prompt = self.prompt_taken.pop(id(req), False)
+    def cache_at(self, req: Request, kind: str) -> bool:
+        return kind == STOP
+
+    def insert_at_finish(self, req: Request) -> bool:
+        took_prompt = "prompt" in self.planned.get(id(req), {}).values()
         useless = self.stats["finish"][0] >= self.warmup and self.rate("finish") < self.min_useful
         return not (useless and took_prompt)
 
-    def on_checkpoint(self, node: TreeNode, position: int, final: bool) -> None:
-        kind = "finish" if final else self.pending.get(position)
-        if kind is None or node.meta is not None:
+    def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
+        if kind == FINISH:
+            self.planned.pop(id(req), None)
+            label: str | None = "finish"
+        else:
+            label = self.planned.get(id(req), {}).get(req.prefix_len)
+        if node is None or label is None or node.meta is not None:
             return  # not ours, or the state already existed
-        self.stats[kind][0] += 1
-        node.meta = [self.inflation + self._value(node), 0.0, kind]
-        if final:
+        self.stats[label][0] += 1
+        node.meta = [self.inflation + self._value(node), 0.0, label]
+        if kind == FINISH:
             self._demote_prompt_state(node)
 
     def _demote_prompt_state(self, node: TreeNode) -> None:
-        """The request's own prompt-end state now has a descendant state on the
-        same path: only a retry of the same prompt can still use it, so it is
-        the first to go under pressure (it stays while there is room)."""
         anc = node.parent
         while anc is not None and anc.parent is not None and anc.state is None:
             anc = anc.parent
@@ -287,8 +309,8 @@ class MambaRadix(Policy):
         if meta is not None and isinstance(meta, list) and meta[2] == "prompt" and meta[1] == 0:
             meta[0] = self.inflation
 
-    def on_admit(self, tree: MambaRadixCache, req: Request) -> None:
-        node = req.lock.node if req.lock is not None else None
+    def on_admitted(self, req: Request) -> None:
+        node = req.node
         if node is None or node.parent is None or node.state is None:
             return
         meta = self._meta(node)
@@ -301,13 +323,13 @@ class MambaRadix(Policy):
         for_kv = kv_units > 0
         cands = [n for n in tree.evictable_states() if not (for_kv and n.children)]
         if not cands:
-            return EvictResult(0, 0, array("q"), [])
+            return tree.evict(kv_tokens=kv_units, states=states)
         prio = {id(n): self._priority(n, for_kv) for n in cands}
         order = sorted(cands, key=lambda n: prio[id(n)])
         result = _evict_in_order(tree, order, kv_units, states)
         gone = [prio[id(n)] for n in order if n.state is None or n.parent is None]
         if gone:
-            self.inflation = max(self.inflation, max(gone))  # L rises to the evicted priority
+            self.inflation = max(self.inflation, max(gone))
         return result
 
     def _meta(self, node: TreeNode) -> list[Any]:
@@ -320,7 +342,6 @@ class MambaRadix(Policy):
         meta = self._meta(node)
         if not for_kv:
             return float(meta[0])
-        # Per KV unit freed: rescale the value part from "per state" to "per unit".
         base = float(meta[0]) - self.inflation
         return self.inflation + base / max(1, len(node.key))
 
@@ -333,8 +354,7 @@ class MambaRadix(Policy):
             start -= len(anc.key)
             anc = anc.parent
         u = ctx.unit_tokens
-        saved = ctx.profile.prefill_flops(start * u, (end - start) * u)
-        return saved
+        return ctx.profile.prefill_flops(start * u, (end - start) * u)
 
 
 def _normalise(xs: list[float]) -> list[float]:
@@ -376,11 +396,32 @@ def _evict_in_order(
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "sglang": SGLang,
+    "sglang-extra-buffer": SGLangExtraBuffer,
     "sglang-used": SGLangUsed,
     "vllm": VLLM,
     "marconi": Marconi,
     "mambaradix": MambaRadix,
 }
+
+__all__ = [
+    "CHUNK",
+    "DECODED",
+    "DefaultPolicy",
+    "FINISH",
+    "POLICIES",
+    "PROMPT_END",
+    "STOP",
+    "MambaRadix",
+    "Marconi",
+    "Policy",
+    "PolicyContext",
+    "SGLang",
+    "SGLangExtraBuffer",
+    "SGLangUsed",
+    "VLLM",
+    "make_policy",
+    "vllm_block_tokens",
+]
 
 
 def make_policy(name: str, **kwargs: Any) -> Policy:

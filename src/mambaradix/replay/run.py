@@ -9,7 +9,7 @@ from typing import Any
 
 from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.policies import Marconi, make_policy
-from mambaradix.replay.sim import ServingConfig, Simulator
+from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace
 
 TUNING_WINDOW = 1000  # requests replayed per alpha when Marconi tunes
@@ -20,13 +20,13 @@ def replay(
 ) -> dict[str, Any]:
     """Run the serving model and return the metrics of one (policy, memory) point."""
     policy = make_policy(policy_name)
-    sim = Simulator(trace, profile, policy, cfg)
+    model = ServingModel(trace, profile, policy, cfg)
     if isinstance(policy, Marconi):
-        policy.tuner = lambda alpha: _window_flops(sim, profile, cfg, alpha)
+        policy.tuner = lambda alpha: _window_flops(model, profile, cfg, alpha)
     start = time.perf_counter()
-    sim.run()
+    model.run()
     elapsed = time.perf_counter() - start
-    out = metrics(sim, policy_name, cfg)
+    out = metrics(model, policy_name, cfg)
     out["replay_s"] = elapsed
     out["requests_per_s"] = len(trace) / elapsed if elapsed else 0.0
     if isinstance(policy, Marconi):
@@ -34,40 +34,47 @@ def replay(
     return out
 
 
-def _window_flops(sim: Simulator, profile: ModelProfile, cfg: ServingConfig, alpha: float) -> float:
+def _window_flops(
+    model: ServingModel, profile: ModelProfile, cfg: ServingConfig, alpha: float
+) -> float:
     """Marconi's tuner: replay the recent requests with a fixed alpha (sequentially,
     from an empty cache of the same size) and report the FLOPs saved."""
-    window = sim.admitted[-TUNING_WINDOW:]
-    sub = Trace(sim.trace.name, list(window), sim.trace.unit_tokens)
-    s = Simulator(sub, profile, Marconi(alpha=alpha), replace(cfg, sequential=True))
+    window = model.admitted[-TUNING_WINDOW:]
+    sub = Trace(model.trace.name, list(window), model.trace.unit_tokens)
+    s = ServingModel(sub, profile, Marconi(alpha=alpha), replace(cfg, sequential=True))
     s.run()
     return sum(o.flops_saved for o in s.outcomes)
 
 
-def metrics(sim: Simulator, policy: str, cfg: ServingConfig) -> dict[str, Any]:
-    outs = sim.outcomes
-    prompt = sum(o.input_tokens for o in outs)
+def metrics(model: ServingModel, policy: str, cfg: ServingConfig) -> dict[str, Any]:
+    """Hit rates are over every request of the trace: a dropped request (one
+    that could never fit) counts as a miss."""
+    outs = model.outcomes
+    prompt = sum(o.input_tokens for o in outs) + sum(r.input_tokens for r in model.dropped)
     hits = sum(o.hit_tokens for o in outs)
+    requests = len(outs) + len(model.dropped)
     ttfts = sorted(o.ttft_s for o in outs) or [0.0]
-    ev = sim.mgr.evictions
+    ev, unit = model.cache.evictions, model.units.unit
     return {
         "policy": policy,
         "memory_gb": cfg.memory_gb,
-        "requests": len(outs),
-        "dropped": sim.dropped,
+        "requests": requests,
+        "served": len(outs),
+        "dropped": len(model.dropped),
         "prompt_tokens": prompt,
         "cached_tokens": hits,
         "token_hit_rate": hits / max(1, prompt),
-        "request_hit_rate": sum(1 for o in outs if o.hit_tokens) / max(1, len(outs)),
-        "state_hits": sum(1 for o in outs if o.hit_tokens),
+        "request_hit_rate": sum(1 for o in outs if o.hit_tokens) / max(1, requests),
+        "kv_hit_tokens": sum(o.kv_hit_tokens for o in outs),
         "flops_saved": sum(o.flops_saved for o in outs),
         "ttft_p50_s": statistics.median(ttfts),
         "ttft_p95_s": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))],
-        "kv_tokens_evicted": ev["kv_tokens"] * sim.unit,
+        "retractions": sum(o.retractions for o in outs),
+        "kv_tokens_evicted": ev["kv_tokens"] * unit,
         "states_evicted": ev["states"],
-        "peak_kv_tokens": sim.peak_kv * sim.unit,
-        "kv_capacity_tokens": sim.mgr.kv.capacity * sim.unit,
-        "peak_states": sim.peak_states,
-        "state_capacity": sim.mgr.slots.capacity,
+        "peak_kv_tokens": model.peak_kv * unit,
+        "kv_capacity_tokens": model.cache.kv.capacity * unit,
+        "peak_states": model.peak_states,
+        "state_capacity": model.cache.slots.capacity,
         "config": asdict(cfg),
     }

@@ -11,7 +11,7 @@ from typing import Any
 from mambaradix.replay.bound import bound_token_hit_rate
 from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.run import replay
-from mambaradix.replay.sim import ServingConfig
+from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace
 
 _WORK: tuple[Trace, ModelProfile] | None = None  # inherited by forked workers

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from mambaradix.scheduler.checkpoints import (
     CHUNK,
+    DECODED,
     FINISH,
     PROMPT_END,
     STOP,
@@ -27,6 +28,7 @@ from mambaradix.scheduler.sequence import Sequence
 __all__ = [
     "CHUNK",
     "DECODE",
+    "DECODED",
     "FINISH",
     "IDLE",
     "PREFILL",
@@ -39,7 +41,6 @@ __all__ = [
     "Extend",
     "FingerprintForward",
     "Forward",
-    "PREFILL",
     "SGLangCheckpoints",
     "Scheduler",
     "SchedulerConfig",

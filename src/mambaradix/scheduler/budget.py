@@ -87,10 +87,14 @@ class PrefillBudget:
 
     # ---------------------------------------------------------------- adding
 
-    def add_continuing(self, seq: Sequence) -> None:
+    def add_continuing(self, seq: Sequence) -> bool:
         """A request that is part-way through its prefill (SGLang's chunked
-        request, `add_chunked_req`): always added, up to what the budgets allow."""
+        request, `add_chunked_req`), up to what the budgets allow. SGLang has
+        at most one; with planned stops there may be several, and one that
+        finds the chunk budget spent waits for the next batch (False)."""
         req = seq.req
+        if self.batch and self.rem_chunk is not None and self.rem_chunk <= 0:
+            return False
         rem = int(self.rem_total())
         if self.rem_chunk is not None:
             rem = min(self.rem_chunk, rem)
@@ -99,6 +103,7 @@ class PrefillBudget:
         want = req.total_len - req.computed
         n = self._cap(seq, min(want, rem))
         self._add(seq, n, min(seq.max_new_tokens, CLIP_MAX_NEW_TOKENS) if n == want else 0)
+        return True
 
     def add_new(self, seq: Sequence) -> str:
         """A matched waiting request (`add_one_req`). Returns CONTINUE, NO_TOKEN

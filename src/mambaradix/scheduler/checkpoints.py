@@ -26,11 +26,15 @@ from typing import Protocol
 from mambaradix.core.node import TreeNode
 from mambaradix.lifecycle import Request
 
-CHUNK, STOP, PROMPT_END, FINISH = "chunk", "stop", "prompt_end", "finish"
+CHUNK, STOP, PROMPT_END, DECODED, FINISH = "chunk", "stop", "prompt_end", "decoded", "finish"
 
 
 class CheckpointPolicy(Protocol):
     """Decisions the scheduler asks for; every method is called between forwards."""
+
+    decode_interval: int | None
+    """no_buffer: also checkpoint after a decode step when the length is a
+    multiple of this (kind DECODED); None for never."""
 
     def stops(self, req: Request) -> list[int]:
         """After admission: positions (> req.computed, < req.total_len) at which
@@ -58,6 +62,8 @@ class CheckpointPolicy(Protocol):
 
 class SGLangCheckpoints:
     """SGLang 0.5.15.post1's checkpoints (see the module docstring)."""
+
+    decode_interval: int | None = None
 
     def stops(self, req: Request) -> list[int]:
         return []

@@ -34,6 +34,7 @@ from mambaradix.lifecycle import CacheManager
 from mambaradix.scheduler.budget import CONTINUE, NO_TOKEN, PrefillBudget
 from mambaradix.scheduler.checkpoints import (
     CHUNK,
+    DECODED,
     FINISH,
     PROMPT_END,
     STOP,
@@ -72,7 +73,7 @@ class Scheduler:
             checkpoints = SGLangCheckpoints() if sglang else DefaultCheckpoints()
         self.checkpoints = checkpoints
         self.on_finish = on_finish
-        _check_track_interval(cache, self.config)
+        _check_config(cache, self.config)
         self.waiting: list[Sequence] = []
         self.prefilling: list[Sequence] = []  # part-way through their prefill
         self.running: list[Sequence] = []  # decoding
@@ -162,14 +163,13 @@ class Scheduler:
         budget = PrefillBudget(
             self.cache, self.running, self.ratio.current, cfg.chunk_tokens, cfg.max_prefill_tokens
         )
-        for seq in self.prefilling:
-            budget.add_continuing(seq)
+        waiting_turn = [seq for seq in self.prefilling if not budget.add_continuing(seq)]
         for seq in list(self.waiting):
             if len(budget.batch) >= self._allocatable():
                 self.batch_is_full = True
             if self.batch_is_full or not self._admit_one(budget, seq):
                 break
-        return self._take(budget)
+        return self._take(budget, waiting_turn)
 
     def _admit_one(self, budget: PrefillBudget, seq: Sequence) -> bool:
         """Match and add one waiting request; False to stop adding."""
@@ -187,7 +187,11 @@ class Scheduler:
             seq.stops = []
         return result == CONTINUE
 
-    def _take(self, budget: PrefillBudget) -> list[tuple[Sequence, int]]:
+    def _take(
+        self, budget: PrefillBudget, waiting_turn: list[Sequence]
+    ) -> list[tuple[Sequence, int]]:
+        """Allocate the batch's memory; part-way requests not in this batch
+        (`waiting_turn`) stay part-way."""
         batch = budget.batch
         if not batch:
             return []
@@ -201,7 +205,7 @@ class Scheduler:
                 seq.admitted_len = seq.req.total_len
                 self.checkpoints.on_admitted(seq.req)
             seq.status = PREFILLING
-        self.prefilling = list(budget.truncated)
+        self.prefilling = waiting_turn + budget.truncated
         return batch
 
     def _refuse(self, seqs: list[Sequence]) -> None:
@@ -287,7 +291,11 @@ class Scheduler:
         if not self.running:
             return
         if not self.cache.alloc_decode([s.req for s in self.running]):
-            raise RuntimeError("decode KV allocation failed after check_decode_mem")
+            # Not after a fitting check_decode_mem in SGLang (it would crash);
+            # here (an allocator failing) the step is skipped and one request
+            # goes back to the queue, so memory is returned and nothing leaks.
+            self._retract_one()
+            return
         steps = [DecodeStep(s, self._decode_track_slot(s)) for s in self.running]
         tokens = self.forward.decode(steps)
         self.forwards[DECODE] += 1
@@ -300,6 +308,14 @@ class Scheduler:
                 self.running.remove(seq)
                 self._finish(seq)
                 self._finished_since_decode = True
+            elif self._decode_checkpoint(seq):
+                self._checkpoint(seq, DECODED)
+
+    def _decode_checkpoint(self, seq: Sequence) -> bool:
+        every = self.checkpoints.decode_interval
+        if not every or self.cache.extra_buffer or seq.req.computed % every:
+            return False
+        return self.checkpoints.cache_at(seq.req, DECODED)
 
     def _decode_track_slot(self, seq: Sequence) -> int | None:
         req = seq.req
@@ -327,6 +343,12 @@ class Scheduler:
         self.ratio.after_retract(decoded, max_new, len(self.running))
         self.batch_is_full = False
 
+    def _retract_one(self) -> None:
+        if len(self.running) > 1:
+            order = sorted(self.running, key=lambda s: (len(s.outputs), -len(s.req.input_ids)))
+            self._requeue(order[0])
+            self.batch_is_full = False
+
     def _requeue(self, seq: Sequence) -> None:
         seq.retracted_tokens += seq.req.computed - seq.req.cached_len
         self.cache.abort(seq.req)
@@ -336,7 +358,12 @@ class Scheduler:
         self.waiting.append(seq)
 
 
-def _check_track_interval(cache: CacheManager, cfg: SchedulerConfig) -> None:
+def _check_config(cache: CacheManager, cfg: SchedulerConfig) -> None:
+    page = cache.page_size
+    if cfg.chunk_tokens is not None and cfg.chunk_tokens % page:
+        raise ValueError(
+            f"chunk_tokens ({cfg.chunk_tokens}) must be a multiple of the page size ({page})"
+        )
     if cache.extra_buffer and cfg.track_interval % cache.page_size:
         raise ValueError(
             f"track_interval ({cfg.track_interval}) must be a multiple of the page size "

@@ -1,0 +1,158 @@
+"""The engine next to the replay (a module above both: the engine never
+imports the replay).
+
+    engine_sessions(workload, vocab)   user turns of a bundled multi-turn workload
+    compare_cache(sessions, ...)       the engine with the cache on and off
+    engine_trace(run)                  an engine run as a replay trace
+    replay_prediction(run, engine)     what `mambaradix replay` predicts for the
+                                       same requests, pools and policy, per request
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mambaradix.engine import Engine
+    from mambaradix.engine.workload import ConversationRun
+    from mambaradix.replay.policies import Policy
+    from mambaradix.replay.trace import Trace
+
+ROUND_GAP_S = 1e6  # round t arrives at t * ROUND_GAP_S: after round t - 1 finished
+
+
+def engine_sessions(
+    workload: str, vocab_size: int, limit: int | None = None
+) -> list[list[list[int]]]:
+    """User turns of a bundled token-level multi-turn workload (e.g. "mt-bench",
+    which needs the `text` extra), sessions in order of first appearance, ids
+    mapped `% vocab_size`. Turn t > 0's user tokens are what its trace prompt
+    adds after the previous prompt and the previous (trace) answer."""
+    from mambaradix.replay.workloads import load
+
+    trace = load(workload)
+    if trace.unit_tokens != 1:
+        raise ValueError(
+            f"{workload} is a block-level trace (units of {trace.unit_tokens} tokens, hash ids, "
+            "no token ids): the engine needs token-level text workloads such as mt-bench"
+        )
+    by_session: dict[object, list[tuple[int, list[int], list[int]]]] = {}
+    for r in trace.requests:
+        by_session.setdefault(r.session_id, []).append(
+            (r.turn_id, list(r.input_units), list(r.output_units))
+        )
+    sessions: list[list[list[int]]] = []
+    for turns in by_session.values():
+        sessions.append(_user_turns(workload, turns, vocab_size))
+        if limit is not None and len(sessions) >= limit:
+            break
+    return sessions
+
+
+def _user_turns(
+    workload: str, turns: list[tuple[int, list[int], list[int]]], vocab: int
+) -> list[list[int]]:
+    turns.sort(key=lambda x: x[0])
+    users: list[list[int]] = []
+    prev: list[int] = []
+    for _, inp, out in turns:
+        if inp[: len(prev)] != prev:
+            raise ValueError(f"{workload}: a turn does not extend the previous turn")
+        users.append([t % vocab for t in inp[len(prev) :]])
+        prev = inp + out
+    return users
+
+
+def engine_trace(run: ConversationRun) -> Trace:
+    """The engine's own prompts and answers as a token trace: round t of every
+    session arrives at t * ROUND_GAP_S, in session order (as `run_conversations`
+    submits them)."""
+    from mambaradix.replay.trace import Trace, TraceRequest
+
+    reqs = [
+        TraceRequest(
+            s, t, t * ROUND_GAP_S, array("q", p), array("q", r.output_ids), len(p), len(r.output_ids)
+        )
+        for t in range(max((len(x) for x in run.prompts), default=0))
+        for s, (prompts, results) in enumerate(zip(run.prompts, run.results, strict=True))
+        if t < len(prompts)
+        for p, r in [(prompts[t], results[t])]
+    ]
+    return Trace("engine-run", reqs)
+
+
+def replay_prediction(run: ConversationRun, engine: Engine, policy: Policy) -> list[int]:
+    """Cached tokens per request (session-major, turn order) that the replay
+    predicts for this engine run: same prompts and answers, same pool sizes,
+    chunk size, page size, running limit, strategy and `policy`."""
+    from mambaradix.replay.models import ModelProfile
+    from mambaradix.replay.serving import ServingConfig, ServingModel
+
+    trace = engine_trace(run)
+    mgr, sched = engine.mgr, engine.scheduler.config
+    unit = ModelProfile("unit", "1 byte per KV token and per state", 1, 1, 1, 1)
+    cfg = ServingConfig(
+        memory_gb=1.0,
+        chunk_tokens=sched.chunk_tokens or 1 << 40,
+        max_running=sched.max_running,
+        page_size=mgr.page_size,
+        track_interval=sched.track_interval,
+        kv_units=mgr.kv.capacity,
+        state_slots=mgr.slots.capacity,
+    )
+    model = ServingModel(trace, unit, policy, cfg)
+    model.run()
+    by_request = {o.request: o.cached_units for o in model.outcomes}
+    order = sorted(range(len(trace)), key=lambda i: (trace.requests[i].session_id, i))
+    return [by_request.get(i, 0) for i in order]
+
+
+def compare_cache(
+    sessions: list[list[list[int]]],
+    max_new_tokens: int,
+    model: str = "nemotron-h-tiny",
+    seed: int = 0,
+    **engine_kw: Any,
+) -> dict[str, Any]:
+    """Serve `sessions` with the cache on and off (same model weights) and
+    summarise: identical outputs, token counts, hit rate, timings, and the
+    replay's prediction for the cached run."""
+    from mambaradix.engine import Engine
+    from mambaradix.engine.workload import run_conversations
+    from mambaradix.replay.bound import bound_token_hit_rate
+    from mambaradix.replay.policies import DefaultPolicy
+
+    out: dict[str, Any] = {}
+    runs: dict[str, ConversationRun] = {}
+    engines: dict[str, Engine] = {}
+    net = None
+    for label, on in (("cache", True), ("no cache", False)):
+        eng = Engine(model=model, seed=seed, prefix_cache=on, net=net, **engine_kw)
+        net, engines[label] = eng.net, eng
+        runs[label] = run = run_conversations(eng, sessions, max_new_tokens)
+        eng.check()
+        out[label] = _summary(eng, run)
+    out["identical"] = runs["cache"].output_ids() == runs["no cache"].output_ids()
+    out["requests"] = runs["cache"].num_requests
+    predicted = replay_prediction(runs["cache"], engines["cache"], DefaultPolicy())
+    prompt = out["cache"]["prompt_tokens"]
+    out["replay"] = {
+        "token_hit_rate": sum(predicted) / prompt if prompt else 0.0,
+        "bound_token_hit_rate": bound_token_hit_rate(engine_trace(runs["cache"])),
+    }
+    return out
+
+
+def _summary(eng: Engine, run: ConversationRun) -> dict[str, Any]:
+    flat = [r for turns in run.results for r in turns]
+    ttft = sorted(r.ttft_s for r in flat)
+    n = run.num_requests
+    return {
+        **eng.stats(),
+        "seconds": run.seconds,
+        "requests_per_s": n / run.seconds if run.seconds else 0.0,
+        "s_per_request": run.seconds / n if n else 0.0,
+        "mean_ttft_s": sum(ttft) / len(ttft) if ttft else 0.0,
+        "p50_ttft_s": ttft[len(ttft) // 2] if ttft else 0.0,
+    }
