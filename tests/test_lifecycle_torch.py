@@ -13,11 +13,27 @@ from array import array
 
 import torch
 
+import pytest
+
 from mambaradix import MambaRadixCache
 from mambaradix.core.node import TreeNode
-from mambaradix.lifecycle import CacheManager, Request
-from mambaradix.pools import ReqToTokenTable, StateGeometry, StateSlotAllocator, TokenKVAllocator
+from mambaradix.lifecycle import CacheManager
+from mambaradix.pools import (
+    PagedKVAllocator,
+    ReqToTokenTable,
+    StateGeometry,
+    StateSlotAllocator,
+    TokenKVAllocator,
+)
 from mambaradix.pools.torch_state import TorchStatePool
+from mambaradix.scheduler import (
+    DecodeStep,
+    Extend,
+    Scheduler,
+    SchedulerConfig,
+    ScriptedForward,
+    Sequence,
+)
 
 GEOMETRY = StateGeometry.mamba2(
     num_layers=2, num_heads=2, head_dim=4, state_size=4, n_groups=1, conv_kernel=4
@@ -51,40 +67,64 @@ def cached_states(node: TreeNode, path: array[int]):  # type: ignore[no-untyped-
         yield from cached_states(child, p)
 
 
-def serve(mgr: CacheManager, pool: TorchStatePool, prompt: list[int], answer: list[int]) -> int:
-    req = Request(array("q", prompt), output_ids=answer)
-    assert mgr.admit(req)
-    assert req.slot is not None
-    assert_state(pool, req.slot, req.input_ids[: req.cached_len])  # COW copied the right state
-    for stop in mgr.plan_prefill(req, chunk_size=8):
-        start = req.computed
-        assert mgr.extend(req, stop - start) is not None
-        feed(pool, req.slot, req.tokens[start : req.computed])
-        mgr.cache_unfinished(req)
-    while req.computed < len(prompt) + len(answer) - 1:
-        start = req.computed
-        assert mgr.extend(req, 1) is not None
-        feed(pool, req.slot, req.tokens[start : req.computed])
-    mgr.finish(req)
-    return req.cached_len
+class ToyForward(ScriptedForward):
+    """The toy recurrence as the scheduler's forward (tracked states included)."""
+
+    def __init__(self, pool: TorchStatePool) -> None:
+        self.pool = pool
+
+    def prefill(self, batch: list[Extend]) -> list[int | None]:
+        for e in batch:
+            req = e.seq.req
+            assert req.slot is not None
+            cut = e.track_at if e.track_slot is not None else e.end
+            assert cut is not None
+            feed(self.pool, req.slot, req.tokens[e.start : cut])
+            if e.track_slot is not None:
+                self.pool.copy([req.slot], [e.track_slot])
+                feed(self.pool, req.slot, req.tokens[cut : e.end])
+        return super().prefill(batch)
+
+    def decode(self, batch: list[DecodeStep]) -> list[int]:
+        for d in batch:
+            req = d.seq.req
+            assert req.slot is not None
+            feed(self.pool, req.slot, req.tokens[req.computed - 1 : req.computed])
+            if d.track_slot is not None:
+                self.pool.copy([req.slot], [d.track_slot])
+        return super().decode(batch)
 
 
-def test_cached_states_equal_recomputed_states() -> None:
-    pool = TorchStatePool(GEOMETRY, 6)
+def serve(sched: Scheduler, prompt: list[int], answer: list[int]) -> int:
+    seq = Sequence(array("q", prompt), len(answer), script=array("q", answer))
+    sched.submit(seq)
+    sched.run()
+    return seq.cached_tokens
+
+
+@pytest.mark.parametrize("strategy,page", [("no_buffer", 1), ("extra_buffer", 4)])
+def test_cached_states_equal_recomputed_states(strategy: str, page: int) -> None:
+    slots = 6 if strategy == "no_buffer" else 9
+    pool = TorchStatePool(GEOMETRY, slots)
+    kv = TokenKVAllocator(66) if page == 1 else PagedKVAllocator(72, page)
     mgr = CacheManager(
-        MambaRadixCache(),
-        TokenKVAllocator(62),
-        StateSlotAllocator(6),
+        MambaRadixCache(page_size=page, chunk_size=page * 2),
+        kv,
+        StateSlotAllocator(slots),
         pool,
         ReqToTokenTable(2, 256),
+        strategy=strategy,
     )
+    cfg = SchedulerConfig(chunk_tokens=8, max_running=2, track_interval=page * 2)
+    sched = Scheduler(mgr, ToyForward(pool), config=cfg)
     history: list[int] = list(range(1, 20))
     hits = []
     for turn in range(6):
         prompt = history + [100 + turn, 200 + turn, 300 + turn]
         answer = [turn + 1, turn + 2, turn + 3, turn + 4]
-        hits.append(serve(mgr, pool, prompt, answer))
-        hits.append(serve(mgr, pool, prompt, answer))  # identical re-send
+        hits.append(serve(sched, prompt, answer))
+        hits.append(serve(sched, prompt, answer))  # identical re-send
+        serve(sched, list(range(1000 + 40 * turn, 1020 + 40 * turn)), [5, 6])  # unrelated
         history = prompt + answer
         for path, slot in cached_states(mgr.tree.root, array("q")):
             assert_state(pool, slot, path)

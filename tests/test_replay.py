@@ -1,11 +1,11 @@
-"""Tests for `mambaradix.replay`: the serving model (`sim.py`), the policies,
+"""Tests for `mambaradix.replay`: the serving model (`serving.py`), the policies,
 the bound, and `replay()` metrics.
 
 Golden tests use tiny hand-built token traces and a hand-built model profile
 with memory far larger than the traces, so nothing is ever evicted and every
 hit can be worked out by hand (the arithmetic is in the comments).
 
-Conventions of the simulator the arithmetic relies on (see `sim.py`):
+Conventions of the serving model the arithmetic relies on (see `serving.py`):
 
 * admission matches `input[:-1]` (one token is always computed for logits);
   the hit is the deepest matched node that holds a state, capped at input - 1;
@@ -35,7 +35,7 @@ from mambaradix.replay.policies import (
     make_policy,
 )
 from mambaradix.replay.run import replay
-from mambaradix.replay.sim import ServingConfig, Simulator
+from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.replay.workloads import agent_loop, multi_turn, shared_prefix
 
@@ -85,21 +85,21 @@ def simulate(
     memory_gb: float = BIG,
     profile: ModelProfile = TINY,
     unit_tokens: int = 1,
-) -> Simulator:
+) -> ServingModel:
     trace = Trace("golden", list(requests), unit_tokens)
     cfg = ServingConfig(memory_gb=memory_gb, chunk_tokens=chunk, sequential=sequential)
-    sim = Simulator(trace, profile, make_policy(policy), cfg)
+    sim = ServingModel(trace, profile, make_policy(policy), cfg)
     sim.run()
-    sim.mgr.tree.check_invariants()
+    sim.cache.tree.check_invariants()
     if not sequential:
-        sim.mgr.check_conservation()
+        sim.cache.check_conservation()
     return sim
 
 
 def hits(requests: list[TraceRequest], policy: str, **kw: object) -> list[int]:
     sim = simulate(requests, policy, **kw)  # type: ignore[arg-type]
-    assert sim.dropped == 0 and sim.mgr.evictions == {"kv_tokens": 0, "states": 0}
-    return [o.hit_tokens for o in sim.outcomes]
+    assert not sim.dropped and sim.cache.evictions == {"kv_tokens": 0, "states": 0}
+    return [o.hit_tokens for o in sorted(sim.outcomes, key=lambda o: o.request)]
 
 
 # ------------------------------------------------------------------ golden
@@ -114,6 +114,11 @@ RETRY_HITS = {
     # edge (split, stateless) -> cut back to the root: 0. Never better later.
     "sglang": [0, 0, 0],
     "sglang-used": [0, 0, 0],  # the same checkpoints
+    # sglang-extra-buffer tracks a prefill state only at chunk-aligned positions
+    # (mamba chunk 64) of an extend of >= 64 tokens, and while decoding at
+    # lengths that are multiples of 256: a 40-token prompt and a 69-token
+    # sequence never get a state, so nothing is ever cached (#22935).
+    "sglang-extra-buffer": [0, 0, 0],
     # vllm: block 32. Prefill state at 40 // 32 * 32 = 32, decode crossings at
     # 64 (<= 69); no finish insert. The 39-token lookup reaches the state at 32.
     "vllm": [0, BLOCK, BLOCK],
@@ -136,6 +141,7 @@ SESSION = [req(0, 0, 0.0, PROMPT, ANSWER), req(0, 1, 100.0, TURN2, toks(8000, 5)
 # block multiples (32 in prefill, 64 while decoding), so it hits 69 // 32 * 32.
 SESSION_HITS = {
     "sglang": [0, 69],
+    "sglang-extra-buffer": [0, 0],  # no tracked state below 64 / 256 (see RETRY_HITS)
     "sglang-used": [0, 69],
     "vllm": [0, 69 // BLOCK * BLOCK],
     "marconi": [0, 69],
@@ -158,6 +164,7 @@ SHARED_HITS = {
     # The 2nd computes from 40: no chunk end before 60, so no state at 50 ever.
     "sglang": [0, 40, 40, 40],
     "sglang-used": [0, 40, 40, 40],
+    "sglang-extra-buffer": [0, 0, 0, 0],  # 20-token extends: never >= the 64 chunk
     # vllm: chunk = max(32, 20 // 32 * 32) = 32; ends 32 and 60 -> aligned 32;
     # decode crossing 64 (= committed). Hits floor(50 / 32) * 32 = 32.
     "vllm": [0] + [50 // BLOCK * BLOCK] * 3,
@@ -171,7 +178,7 @@ SHARED_HITS = {
 def test_tiny_profile_vllm_block_is_32_tokens() -> None:
     assert BLOCK == 32
     pol = make_policy("vllm")
-    Simulator(Trace("t", [RETRY[0]], 1), TINY, pol, ServingConfig(memory_gb=BIG))
+    ServingModel(Trace("t", [RETRY[0]], 1), TINY, pol, ServingConfig(memory_gb=BIG))
     assert isinstance(pol, VLLM) and pol.block_units == BLOCK
 
 
@@ -206,6 +213,26 @@ def test_golden_shared_prefix_with_default_chunk(policy: str) -> None:
     assert hits(SHARED, policy) == [0, 0, 50, 50]
 
 
+def test_golden_extra_buffer_long_prompts() -> None:
+    # A 200-token prompt: the extend tracks the state at 3 * 64 = 192, cached at
+    # the prompt end (cache_unfinished_req with mamba_last_track_seqlen 192); a
+    # retry looks up 199 tokens and reuses 192.
+    prompt = toks(1000, 200)
+    retry = [req(i, 0, 100.0 * i, prompt, toks(5000, 30)) for i in range(3)]
+    assert hits(retry, "sglang-extra-buffer") == [0, 192, 192]
+    # A shared 150-token prefix with 60 distinct tokens each (n_in 210): the 1st
+    # caches 192 (past the divergence); the 2nd matches 150 tokens of KV but no
+    # state, its branching point is floor(150 / 64) * 64 = 128, which lies on
+    # the chunk grid inside its extend [0, 210): the state at 128 is tracked
+    # instead of 192 and cached. From the 3rd on: 128.
+    system = toks(1000, 150)
+    shared = [
+        req(i, 0, 100.0 * i, system + toks(2000 + 100 * i, 60), toks(9000 + 100 * i, 5))
+        for i in range(4)
+    ]
+    assert hits(shared, "sglang-extra-buffer") == [0, 0, 128, 128]
+
+
 def test_golden_sglang_without_chunk_ends_never_hits_a_shared_input_prefix() -> None:
     # 8192-token chunks: no chunk end inside a 60-token prompt; the states are at
     # 60 and 64, past the divergence point 50.
@@ -236,13 +263,17 @@ def test_golden_ttft_and_flops() -> None:
 
 
 def test_golden_ttft_includes_queueing() -> None:
-    # Two unrelated prompts arriving together: the second waits for the first's
-    # prefill, then runs its own.
+    # Two unrelated prompts arriving together. With an 8192-token chunk both
+    # join one prefill batch (continuous batching): both first tokens come
+    # after the whole batch. With a 300-token chunk the first fills the batch
+    # and the second waits for it, then runs its own.
     a = req(0, 0, 0.0, toks(1, 300), toks(10_000, 4))
     b = req(1, 0, 0.0, toks(20_000, 200), toks(30_000, 4))
-    sim = simulate([a, b], "sglang")
     fa, fb = TINY.prefill_flops(0, 300) / THROUGHPUT, TINY.prefill_flops(0, 200) / THROUGHPUT
-    assert [o.ttft_s for o in sim.outcomes] == pytest.approx([fa, fa + fb])
+    batched = simulate([a, b], "sglang")
+    assert [o.ttft_s for o in batched.outcomes] == pytest.approx([fa + fb, fa + fb])
+    queued = simulate([a, b], "sglang", chunk=300)
+    assert [o.ttft_s for o in queued.outcomes] == pytest.approx([fa, fa + fb])
 
 
 def test_replay_metrics_aggregate_the_outcomes() -> None:
@@ -252,7 +283,7 @@ def test_replay_metrics_aggregate_the_outcomes() -> None:
     assert m["prompt_tokens"] == 40 + 80
     assert m["cached_tokens"] == 69
     assert m["token_hit_rate"] == pytest.approx(69 / 120)
-    assert m["request_hit_rate"] == 0.5 and m["state_hits"] == 1
+    assert m["request_hit_rate"] == 0.5 and "state_hits" not in m  # one metric, not two
     assert m["flops_saved"] == TINY.flops_saved(69, 80)
     assert m["kv_tokens_evicted"] == 0 and m["states_evicted"] == 0
     assert m["ttft_p50_s"] <= m["ttft_p95_s"]
@@ -343,9 +374,9 @@ def test_no_policy_beats_the_bound(policy: str, seed: int) -> None:
     trace = random_trace(200 + seed, n=60)
     bound = bound_hit_tokens(trace)
     sim = simulate(trace.requests, policy, chunk=4)
-    # Arrival order = admission order here (no drops), so outcomes line up.
     assert len(sim.outcomes) == len(trace)
-    for o, r, b in zip(sim.outcomes, trace.requests, bound, strict=True):
+    by_request = sorted(sim.outcomes, key=lambda o: o.request)  # outcomes come in finish order
+    for o, r, b in zip(by_request, trace.requests, bound, strict=True):
         assert o.input_tokens == r.input_tokens
         assert 0 <= o.hit_tokens <= b
 
@@ -355,22 +386,22 @@ def test_no_policy_beats_the_bound(policy: str, seed: int) -> None:
 
 def states_gained_per_request(
     trace: Trace, policy_name: str, chunk: int = 8192
-) -> tuple[list[int], Simulator]:
+) -> tuple[list[int], ServingModel]:
     """Run sequentially (one request at a time) without eviction and record how
     many states the tree gains with each request."""
     policy = make_policy(policy_name)
     cfg = ServingConfig(memory_gb=0.5, chunk_tokens=chunk, sequential=True)
-    sim = Simulator(trace, TINY, policy, cfg)
+    sim = ServingModel(trace, TINY, policy, cfg)
     counts = [0]
     done = policy.on_request_done
 
-    def record(r: object) -> None:
-        done(r)  # type: ignore[arg-type]
-        counts.append(sim.mgr.tree.total_size()[1])
+    def record() -> None:
+        done()
+        counts.append(sim.cache.tree.total_size()[1])
 
     policy.on_request_done = record  # type: ignore[method-assign]
     sim.run()
-    assert sim.mgr.evictions == {"kv_tokens": 0, "states": 0} and sim.dropped == 0
+    assert sim.cache.evictions == {"kv_tokens": 0, "states": 0} and not sim.dropped
     assert len(counts) == len(trace) + 1
     return [b - a for a, b in zip(counts, counts[1:], strict=False)], sim
 
@@ -380,7 +411,7 @@ def test_marconi_admits_at_most_two_checkpoints_per_sequence() -> None:
     gained, sim = states_gained_per_request(trace, "marconi")
     assert max(gained) == 2  # the branch point and the last decoded token
     assert min(gained) >= 0
-    assert sum(gained) == sim.mgr.tree.total_size()[1]
+    assert sum(gained) == sim.cache.tree.total_size()[1]
     # The measurement can see more: sglang checkpoints every 64-token chunk end.
     sglang_gained, _ = states_gained_per_request(trace, "sglang", chunk=64)
     assert max(sglang_gained) > 2
@@ -459,9 +490,9 @@ def test_marconi_tunes_alpha_once_after_the_first_eviction() -> None:
         return score[alpha]
 
     policy.tuner = tuner
-    sim = Simulator(trace, get_profile("jamba-1.5-mini"), policy, ServingConfig(memory_gb=0.3))
+    sim = ServingModel(trace, get_profile("jamba-1.5-mini"), policy, ServingConfig(memory_gb=0.3))
     sim.run()
-    assert sim.mgr.evictions["states"] > 0
+    assert sim.cache.evictions["states"] > 0
     assert policy.first_eviction_at is not None
     assert policy.requests_seen >= policy.first_eviction_at * 6  # bootstrap multiplier 5
     assert sorted(calls) == sorted(Marconi.alphas)  # each alpha replayed once
@@ -528,14 +559,14 @@ def committed_units(r: TraceRequest) -> int:
 def test_memory_pressure_accounts_every_request(policy: str, rate: float | None) -> None:
     trace = multi_turn(sessions=16, seed=0)
     cfg = ServingConfig(memory_gb=0.3, rate=rate)
-    sim = Simulator(trace, get_profile("jamba-1.5-mini"), make_policy(policy), cfg)
+    sim = ServingModel(trace, get_profile("jamba-1.5-mini"), make_policy(policy), cfg)
     sim.run()
-    assert len(sim.outcomes) + sim.dropped == len(trace)
-    assert sim.mgr.evictions["states"] > 0 and sim.mgr.evictions["kv_tokens"] > 0
-    assert not sim.mgr.active
-    sim.mgr.tree.check_invariants()
-    sim.mgr.check_conservation()
-    assert sim.peak_kv <= sim.mgr.kv.capacity and sim.peak_states <= sim.mgr.slots.capacity
+    assert len(sim.outcomes) + len(sim.dropped) == len(trace)
+    assert sim.cache.evictions["states"] > 0 and sim.cache.evictions["kv_tokens"] > 0
+    assert not sim.cache.active
+    sim.cache.tree.check_invariants()
+    sim.cache.check_conservation()
+    assert sim.peak_kv <= sim.cache.kv.capacity and sim.peak_states <= sim.cache.slots.capacity
     m = replay(trace, get_profile("jamba-1.5-mini"), policy, cfg)
     assert m["requests"] + m["dropped"] == len(trace)
     assert m["states_evicted"] + m["kv_tokens_evicted"] > 0
@@ -547,23 +578,23 @@ def test_requests_that_can_never_fit_are_dropped(policy: str) -> None:
     # marconi-7b at 0.3 GB: 0.3e9 * (1 - 0.9/1.9) // 65536 = 2409 KV tokens. A
     # request is dropped exactly when its committed sequence exceeds the pool.
     trace = multi_turn(sessions=16, seed=0)
-    sim = Simulator(trace, get_profile("marconi-7b"), make_policy(policy), ServingConfig(0.3))
+    sim = ServingModel(trace, get_profile("marconi-7b"), make_policy(policy), ServingConfig(0.3))
     sim.run()
-    cap = sim.mgr.kv.capacity
+    cap = sim.cache.kv.capacity
     assert cap == 2409
     too_big = [r for r in trace.requests if committed_units(r) > cap]
-    assert too_big and sim.dropped == len(too_big)
-    assert len(sim.outcomes) + sim.dropped == len(trace)
+    assert too_big and len(sim.dropped) == len(too_big)
+    assert len(sim.outcomes) + len(sim.dropped) == len(trace)
     admitted = {id(r) for r in sim.admitted}
     assert not any(id(r) in admitted for r in too_big)
     assert len(admitted) == len(trace) - len(too_big)
-    sim.mgr.tree.check_invariants()
-    sim.mgr.check_conservation()
+    sim.cache.tree.check_invariants()
+    sim.cache.check_conservation()
 
 
-def run_sequential_under_pressure(policy: str) -> Simulator:
+def run_sequential_under_pressure(policy: str) -> ServingModel:
     trace = shared_prefix(requests=100, seed=0)
-    sim = Simulator(trace, TINY, make_policy(policy), ServingConfig(0.01, sequential=True))
+    sim = ServingModel(trace, TINY, make_policy(policy), ServingConfig(0.01, sequential=True))
     sim.run()
     return sim
 
@@ -572,12 +603,12 @@ def run_sequential_under_pressure(policy: str) -> Simulator:
 def test_sequential_shared_budget_under_pressure(policy: str) -> None:
     sim = run_sequential_under_pressure(policy)
     trace_len = len(sim.trace)
-    assert len(sim.outcomes) + sim.dropped == trace_len
-    assert sim.mgr.evictions["states"] > 0 and sim.mgr.evictions["kv_tokens"] > 0
-    sim.mgr.tree.check_invariants()
+    assert len(sim.outcomes) + len(sim.dropped) == trace_len
+    assert sim.cache.evictions["states"] > 0 and sim.cache.evictions["kv_tokens"] > 0
+    sim.cache.tree.check_invariants()
     # Ownership by the free lists (not the budget-capped available_size):
     # every index / slot is free or in the tree, exactly once.
-    kv, slots, tree = sim.mgr.kv, sim.mgr.slots, sim.mgr.tree
+    kv, slots, tree = sim.cache.kv, sim.cache.slots, sim.cache.tree
     tree_kv, tree_states = list(tree.all_kv_indices()), tree.all_states()
     assert len(set(tree_kv)) == len(tree_kv) and len(set(tree_states)) == len(tree_states)
     assert not any(kv.is_free(i) for i in tree_kv)
@@ -598,17 +629,17 @@ def test_sequential_run_passes_the_conservation_check() -> None:
     shared byte budget, so any sequential run that keeps a state in the tree
     fails the check although nothing leaks (see the test above)."""
     one = req(0, 0, 0.0, toks(1, 4), toks(100, 2))
-    sim = Simulator(
+    sim = ServingModel(
         Trace("one", [one], 1), TINY, make_policy("sglang"), ServingConfig(0.001, sequential=True)
     )
     sim.run()
-    assert sim.mgr.tree.total_size() == (5, 2)  # prompt end 4 and finish 5
-    sim.mgr.check_conservation()
+    assert sim.cache.tree.total_size() == (5, 2)  # prompt end 4 and finish 5
+    sim.cache.check_conservation()
 
 
 def test_pool_too_small_for_two_states_is_rejected() -> None:
     with pytest.raises(ValueError, match="too small"):
-        Simulator(
+        ServingModel(
             Trace("r", list(RETRY), 1),
             get_profile("nemotron-h-8b"),
             make_policy("sglang"),

@@ -244,12 +244,9 @@ class ServingModel:
         unit, cfg = self.units.unit, self.cfg
         page = self.cache.page_size
         track = max(page, cfg.track_interval // unit // page * page)
-        if cfg.sequential:
-            return SchedulerConfig(chunk_tokens=None, max_running=1, track_interval=track)
         chunk = max(page, cfg.chunk_tokens // unit // page * page)
-        return SchedulerConfig(
-            chunk_tokens=chunk, max_running=cfg.max_running, track_interval=track
-        )
+        running = 1 if cfg.sequential else cfg.max_running
+        return SchedulerConfig(chunk_tokens=chunk, max_running=running, track_interval=track)
 
     def _context(self) -> PolicyContext:
         sched = self.scheduler.config
