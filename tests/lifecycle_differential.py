@@ -82,6 +82,7 @@ class StreamShape:
     abort_decode: float = 0.02  # per step: abort one decoding request
     abort_waiting: float = 0.01  # per step: abort one waiting request
     history_cap: int = 1200  # a session restarts when its history grows past this
+    wait_for_sessions: bool = False  # no session idle: no arrival (else a one-off request)
 
 
 @dataclass
@@ -177,13 +178,16 @@ class Stream:
         for _ in range(self.rng.choice(self.shape.arrivals)):
             if self.exhausted:
                 break
-            prompt, max_new, script = self._next()
+            got = self._next()
+            if got is None:
+                continue
+            prompt, max_new, script = got
             out.append((self.submitted, prompt, max_new, script))
             self.recent = (self.recent + [(prompt, max_new, script)])[-8:]
             self.submitted += 1
         return out
 
-    def _next(self) -> tuple[array[int], int, array[int]]:
+    def _next(self) -> tuple[array[int], int, array[int]] | None:
         s, rng = self.shape, self.rng
         max_new = 1 if rng.random() < s.first_token_finish else rng.randint(*s.answer_len)
         script = self._tokens(max_new, max_new)
@@ -191,6 +195,8 @@ class Stream:
         if roll < s.resend and self.recent:
             return rng.choice(self.recent)
         idle = [x for x in self.sessions if x.busy is None]
+        if not idle and s.wait_for_sessions:
+            return None
         if roll < s.resend + s.single or not idle:
             return rng.choice(self.systems) + self._tokens(*s.user_len), max_new, script
         sess = rng.choice(idle)

@@ -342,14 +342,14 @@ def _alloc_extend_kernel(prefix_lens, seq_lens, last_loc, free_pages, out, bs_po
 def _alloc_decode_kernel(seq_lens, last_loc, free_pages, out, bs_pow2, page):  # type: ignore[no-untyped-def]
     """The arithmetic of upstream's Triton ``alloc_decode_kernel``: a request whose new token
     (at position seq_len - 1) opens a page takes the next free page, in batch order; the others
-    continue their last page."""
-    taken = 0
-    for i, seq_len in enumerate(seq_lens.tolist()):
-        if (seq_len + page - 1) // page == (seq_len - 1 + page - 1) // page:
-            out[i] = last_loc[i] + 1
-        elif taken < len(free_pages):
-            out[i] = free_pages[taken] * page
-            taken += 1
+    continue their last page. (Pages short: the result is discarded, as upstream's is.)"""
+    opens = [(n - 1) % page == 0 for n in seq_lens.tolist()]
+    pages = free_pages[: sum(opens)].tolist()
+    if len(pages) < sum(opens):
+        return
+    fresh = iter(pages)
+    last = last_loc.tolist()
+    out.copy_(torch.tensor([next(fresh) * page if o else last[i] + 1 for i, o in enumerate(opens)]))
 
 
 # --------------------------------------------------------------------------- fakes
