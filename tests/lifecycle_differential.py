@@ -231,6 +231,7 @@ class Outcome:
     cached_tokens: int = 0
     prompt_tokens: int = 0
     crashes: Counter[str] = field(default_factory=Counter)
+    worked_around: Counter[str] = field(default_factory=Counter)
 
 
 def run_lockstep(cfg: Config, shape: StreamShape, seed: int, check_every: int = 64) -> Outcome:
@@ -268,6 +269,7 @@ def run_lockstep(cfg: Config, shape: StreamShape, seed: int, check_every: int = 
     out.requests = stream.submitted
     out.retractions = sum(s.retractions for s in a.seqs.values())
     out.crashes = b.cache.crashes
+    out.worked_around = b.cache.worked_around
     return out
 
 

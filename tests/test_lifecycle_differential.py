@@ -12,10 +12,14 @@ extra_buffer), so SGLang itself never stops on a missing state slot (``crashes``
 from __future__ import annotations
 
 import dataclasses
+import sys
+from array import array
 
 import pytest
 
 from lifecycle_differential import Config, Outcome, StreamShape, run_lockstep
+from mambaradix import MambaRadixCache
+from upstream_sglang import UpstreamCache
 
 LONG = StreamShape(requests=800, answer_len=(20, 240), first_token_finish=0.05, abort_decode=0.004)
 LONG_WAIT = dataclasses.replace(LONG, abort_waiting=0.003)
@@ -147,3 +151,27 @@ def test_lifecycle_equals_sglang_sweep(
 ) -> None:
     longer = dataclasses.replace(shape, requests=2 * shape.requests)
     _check(run_lockstep(cfg, longer, seed=seed), longer, expects)
+
+
+def test_upstream_match_with_a_limit_under_a_page_breaks_its_tree() -> None:
+    """Why ``UpstreamLifecycle.match`` slices a key whose limit is shorter than a page (SGLang
+    #28692): SGLang's own ``match_prefix`` with ``RadixKey(64 tokens, limit=63)`` at page 64
+    (what its scheduler passes for a 64-token prompt) takes the first page for the child key
+    although the limit excludes it, rounds the match down to 0 and splits the cached node
+    there: an empty node, which the next eviction trips over. Our tree matches nothing."""
+    upstream = UpstreamCache(page_size=64, chunk_size=64)
+    key = array("q", range(64))
+    upstream.insert(key, list(range(100, 164)), 5)
+    radix_key = sys.modules["sglang.srt.mem_cache.radix_cache"].RadixKey
+    params = sys.modules["sglang.srt.mem_cache.base_prefix_cache"].MatchPrefixParams
+    got = upstream.inner.match_prefix(params(key=radix_key(key, None, limit=63)))
+    assert len(got.device_indices) == 0
+    (child,) = upstream.inner.root_node.children.values()
+    assert len(child.key) == 0  # the split left an empty node under the root
+    with pytest.raises(AssertionError, match="parent does not have child key"):
+        upstream.evict(kv_tokens=64)
+
+    ours = MambaRadixCache(page_size=64, chunk_size=64, compat="sglang")
+    ours.insert(key, array("q", range(100, 164)), 5)
+    assert ours.match_prefix(key[:63]).prefix_len == 0
+    assert ours.node_count() == 1

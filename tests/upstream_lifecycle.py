@@ -496,6 +496,7 @@ class UpstreamLifecycle:
         self._pending: dict[Request, tuple[int, int, str]] = {}  # slot, position, kind
         self._phase: dict[Request, str] = {}  # after its prompt: done, checkpointed, decoding
         self.crashes: Counter[str] = Counter()  # where SGLang would have stopped (see docstring)
+        self.worked_around: Counter[str] = Counter()  # upstream bugs stepped around (docstring)
 
     def _activate(self) -> None:
         _ACTIVE[:] = [self._args]
@@ -518,9 +519,13 @@ class UpstreamLifecycle:
         if key_len != limit:
             raise DriverMismatch(f"the driver matches {key_len} tokens, SGLang {limit}", req)
         base = sys.modules["sglang.srt.mem_cache.base_prefix_cache"]
-        key = sys.modules["sglang.srt.mem_cache.radix_cache"].RadixKey(
-            u.full_untruncated_fill_ids, u.extra_key, limit=limit
-        )
+        key = _match_key(u.full_untruncated_fill_ids, u.extra_key, limit)
+        if limit < self.page_size <= len(u.full_untruncated_fill_ids):
+            # RadixKey.child_key ignores `limit`: the first page would match a cached child, the
+            # page-rounded match be 0 and the split leave an empty node that later breaks the
+            # tree (SGLang #28692). Match as `limit` is documented to behave: sliced.
+            self.worked_around["match: limit shorter than a page (#28692)"] += 1
+            key = _match_key(u.full_untruncated_fill_ids[:limit], u.extra_key, None)
         try:
             m = self.inner.match_prefix(base.MatchPrefixParams(key=key, req=u, cow_mamba=True))
         except AssertionError as e:
@@ -760,6 +765,11 @@ class UpstreamLifecycle:
         free = self.pool.mamba_allocator.available_size()
         if len(set(owned)) != len(owned) or free + len(owned) != self.slots.capacity:
             raise AssertionError(f"slots: free {free} + owned {len(owned)} != capacity")
+
+
+def _match_key(tokens: array[int], extra_key: Any, limit: int | None) -> Any:
+    radix_key = sys.modules["sglang.srt.mem_cache.radix_cache"].RadixKey
+    return radix_key(tokens, extra_key, limit=limit)
 
 
 def _clear(req: Request) -> None:
