@@ -41,12 +41,17 @@ tensors (``mamba_pool.copy_from`` / ``clear_slots`` do nothing: only slot bookke
 compared), and the two Triton allocator kernels (``alloc_extend_kernel`` runs upstream's own
 ``alloc_extend_naive``; ``alloc_decode_kernel`` is a Python loop of the kernel's arithmetic).
 
-Where the driver and upstream must agree on a scheduler rule that lives outside the cache
-(the key length of a match, the extend start, where the forward tracks a state), the oracle
-computes upstream's answer and raises ``DriverMismatch`` if the driver's call differs.
+Where the driver and upstream must agree on a scheduler rule that lives outside the cache, the
+oracle computes upstream's answer and raises ``DriverMismatch`` if the driver's call differs:
+the key length of a match (``_compute_max_prefix_len``), the extend start (``prefix_indices``:
+a chunk end not stashed shows here), where the forward tracks a state (extra_buffer, prefill
+and decode), and the prompt end (``process_batch_result_prefill``: ``cache_unfinished_req`` for
+a request that goes on decoding, none for one its first token finished).
 
-Departures (where SGLang itself would stop, the oracle follows the driver and counts it in
-``crashes``; a test decides whether any are allowed):
+Where SGLang itself would stop, the oracle follows the driver and counts it in ``crashes``
+(SGLang sizes its pools so that none of these happen: ``max_running_requests <= state slots //
+3``, with extra_buffer ``// (3 + ping-pong size)``; the differential test requires ``crashes``
+to stay empty):
 
 * ``match_prefix`` asserts "Can not alloc mamba cache" when no slot is left for the
   copy-on-write even after evicting one state; the oracle returns False (refused, nothing staged).
@@ -55,10 +60,29 @@ Departures (where SGLang itself would stop, the oracle follows the driver and co
   back what the call took and returns False.
 * ``cache_unfinished_req`` asserts when no slot can be had for the checkpoint (upstream #36770);
   the oracle skips the checkpoint as ``_skip_cache_unfinished_req`` would.
-* ``cache_unfinished`` / ``finish`` return None: upstream does not report whether the tree
-  already held the state (SGLang's checkpoint policy does not read it).
-* ``Request.kv_hit_len`` is set to the matched prefix: upstream does not report the KV hit.
-* The tree's debug ``pretty_print`` on an out-of-memory path is silenced.
+
+Upstream bugs stepped around, counted in ``worked_around``:
+
+* SGLang #28692: the scheduler matches ``RadixKey(fill_ids, limit=len - 1)``; ``child_key``
+  ignores ``limit``, so when the limit is shorter than one page (a prompt of exactly one page,
+  page_size > 1) a cached first page is found, the page-rounded match is 0 and the split leaves
+  an empty node that breaks the next eviction. The oracle then matches the sliced key, which is
+  what ``limit`` is documented to mean (a test shows the bug on upstream's own class).
+
+Not modelled, because only slot and index *identities* change, never a count or a tree
+decision: ``MambaSlotAllocator.alloc_group_begin/end`` around the admission loop
+(pre-allocated copy-on-write destinations), and the order of the free lists.
+
+Other departures: ``cache_unfinished`` / ``finish`` return None (upstream does not report
+whether the tree already held the state; SGLang's checkpoint policy does not read it);
+``Request.kv_hit_len`` is set to the matched prefix (upstream does not report the KV hit); the
+tree's debug ``pretty_print`` on an out-of-memory path is silenced.
+
+Scope: the oracle answers the calls the driver makes, in the driver's order. Rules that live
+only in the driver (the admission budget, the retraction order and the eviction after each
+retraction) run the same on both sides and are not checked here. The driver is SGLang's
+non-overlap event loop; SGLang's overlap scheduler (its default, with 2 ping-pong slots)
+processes each batch's results one step later, an interleaving this comparison does not cover.
 
 Note: like ``upstream_sglang``, this occupies the ``sglang`` package name in ``sys.modules``.
 """
