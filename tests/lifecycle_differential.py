@@ -11,9 +11,10 @@ the seed, the step and the request.
 
 A stream (``StreamShape``) mixes multi-turn sessions that share a few system prompts, single
 requests that share only a system prompt, identical re-sends of a recent prompt, requests that
-finish with their first token, and aborts of a request part-way through its chunked prefill, while
-decoding (under SGLang's rules it then runs one more step and finishes, cached) and while waiting. Pool sizes (``Config``) are small so that KV and state eviction and
-decode retraction happen.
+finish with their first token, and aborts of a request part-way through its chunked prefill,
+while decoding (under SGLang's rules it then runs one more step and finishes, cached) and while
+waiting. Pool sizes (``Config``) are small so that KV and state eviction and decode retraction
+happen.
 """
 
 from __future__ import annotations
