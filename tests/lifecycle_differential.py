@@ -19,6 +19,7 @@ happen.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from array import array
 from collections import Counter
@@ -84,6 +85,7 @@ class StreamShape:
     abort_waiting: float = 0.01  # per step: abort one waiting request
     history_cap: int = 1200  # a session restarts when its history grows past this
     wait_for_sessions: bool = False  # no session idle: no arrival (else a one-off request)
+    namespaced: float = 0.2  # share of sessions and one-off requests with an extra key
 
 
 @dataclass
@@ -148,21 +150,30 @@ def _side(name: str, cache: Any, cfg: Config) -> Side:
 class _Session:
     system: array[int]
     history: array[int]
+    extra_key: str | None  # a namespace (LoRA adapter, cache salt): hits only within it
     busy: int | None = None  # id of the turn in flight
 
 
+@dataclass(frozen=True)
+class Arrival:
+    prompt: array[int]
+    max_new: int
+    script: array[int]
+    extra_key: str | None
+    id: int = -1
+
+
 class Stream:
-    """Seeded request arrivals: each call to ``arrivals()`` gives the requests of one step as
-    (id, prompt, max_new_tokens, script)."""
+    """Seeded request arrivals: each call to ``arrivals()`` gives the requests of one step."""
 
     def __init__(self, shape: StreamShape, seed: int) -> None:
         self.shape, self.rng = shape, random.Random(seed)
-        rng = self.rng
         self.systems = [self._tokens(*shape.system_len) for _ in range(shape.systems)]
         self.sessions = [
-            _Session(rng.choice(self.systems), array("q")) for _ in range(shape.sessions)
+            _Session(self.rng.choice(self.systems), array("q"), self._namespace())
+            for _ in range(shape.sessions)
         ]
-        self.recent: list[tuple[array[int], int, array[int]]] = []
+        self.recent: list[Arrival] = []
         self.submitted = 0
         self.turn_of: dict[int, tuple[_Session, int]] = {}  # id -> session, answer length
 
@@ -170,11 +181,16 @@ class Stream:
         n = self.rng.randint(lo, hi)
         return array("q", (self.rng.randrange(self.shape.vocab) for _ in range(n)))
 
+    def _namespace(self) -> str | None:
+        if self.rng.random() < self.shape.namespaced:
+            return self.rng.choice(("adapter-a", "adapter-b"))
+        return None
+
     @property
     def exhausted(self) -> bool:
         return self.submitted >= self.shape.requests
 
-    def arrivals(self) -> list[tuple[int, array[int], int, array[int]]]:
+    def arrivals(self) -> list[Arrival]:
         out = []
         for _ in range(self.rng.choice(self.shape.arrivals)):
             if self.exhausted:
@@ -182,13 +198,12 @@ class Stream:
             got = self._next()
             if got is None:
                 continue
-            prompt, max_new, script = got
-            out.append((self.submitted, prompt, max_new, script))
-            self.recent = (self.recent + [(prompt, max_new, script)])[-8:]
+            out.append(dataclasses.replace(got, id=self.submitted))
+            self.recent = (self.recent + [got])[-8:]
             self.submitted += 1
         return out
 
-    def _next(self) -> tuple[array[int], int, array[int]] | None:
+    def _next(self) -> Arrival | None:
         s, rng = self.shape, self.rng
         max_new = 1 if rng.random() < s.first_token_finish else rng.randint(*s.answer_len)
         script = self._tokens(max_new, max_new)
@@ -199,7 +214,8 @@ class Stream:
         if not idle and s.wait_for_sessions:
             return None
         if roll < s.resend + s.single or not idle:
-            return rng.choice(self.systems) + self._tokens(*s.user_len), max_new, script
+            prompt = rng.choice(self.systems) + self._tokens(*s.user_len)
+            return Arrival(prompt, max_new, script, self._namespace())
         sess = rng.choice(idle)
         if len(sess.history) > s.history_cap:
             sess.system, sess.history = rng.choice(self.systems), array("q")
@@ -207,7 +223,7 @@ class Stream:
         sess.busy = self.submitted
         self.turn_of[self.submitted] = (sess, max_new)
         sess.history = prompt[len(sess.system) :] + script[:max_new]
-        return prompt, max_new, script
+        return Arrival(prompt, max_new, script, sess.extra_key)
 
     def ended(self, seq_id: int, finished: bool) -> None:
         """A request left the system; its session may send the next turn."""
@@ -242,10 +258,16 @@ def run_lockstep(cfg: Config, shape: StreamShape, seed: int, check_every: int = 
     out = Outcome()
     where = f"config {cfg.name} seed {seed}"
     while not stream.exhausted or a.sched.busy or b.sched.busy:
-        for sid, prompt, max_new, script in stream.arrivals():
+        for new in stream.arrivals():
             for side in (a, b):
-                seq = Sequence(array("q", prompt), max_new, script=array("q", script), id=sid)
-                side.seqs[sid] = seq
+                seq = Sequence(
+                    array("q", new.prompt),
+                    new.max_new,
+                    new.extra_key,
+                    script=array("q", new.script),
+                    id=new.id,
+                )
+                side.seqs[new.id] = seq
                 side.sched.submit(seq)
         _maybe_abort(a, b, shape, rng, stream, out)
         try:
