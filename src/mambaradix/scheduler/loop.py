@@ -91,7 +91,19 @@ class Scheduler:
         self.waiting.append(seq)
 
     def abort(self, seq: Sequence) -> None:
-        """Stop a sequence wherever it is; everything it holds is given back."""
+        """Stop a sequence wherever it is; everything it holds is given back.
+
+        With SGLang's rules (compat="sglang") a decoding sequence stops as in SGLang
+        0.5.15.post1 (`Scheduler.abort_request`, "abort method 3": `req.to_finish`): it runs
+        one more decode step and then finishes like any other, its tokens cached
+        (`cache_finished_req` with is_insert=True); its status becomes ABORTED then."""
+        if seq.status == RUNNING and self.cache.tree.compat == "sglang":
+            seq.to_finish = True
+            return
+        self._drop(seq)
+
+    def _drop(self, seq: Sequence) -> None:
+        """Abort now: give back everything, cache nothing (release_kv_cache, is_insert=False)."""
         for queue in (self.waiting, self.prefilling, self.running):
             if seq in queue:
                 queue.remove(seq)
@@ -272,7 +284,7 @@ class Scheduler:
         node = self.cache.finish(req, insert=insert)
         if insert:
             self.checkpoints.on_cached(req, node, FINISH)
-        seq.status = FINISHED
+        seq.status = ABORTED if seq.to_finish else FINISHED
         seq.finish_time = self.clock()
         if self.on_finish is not None:
             self.on_finish(seq)
@@ -336,7 +348,7 @@ class Scheduler:
             self._requeue(order.pop())
             self.cache.evict_kv_for(len(order) * RETRACT_DECODE_STEPS)
         if len(order) == 1 and not self.cache.decode_fits([order[0].req]):
-            self.abort(order.pop())  # out of memory even alone (SGLang aborts it)
+            self._drop(order.pop())  # out of memory even alone (SGLang aborts it)
         self.running = [s for s in self.running if s in order]
         decoded = sum(len(s.outputs) for s in self.running)
         max_new = sum(s.max_new_tokens for s in self.running)

@@ -45,6 +45,7 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     admitted_len: int = 0  # total_len when the current admission matched
+    to_finish: bool = False  # aborted while decoding (SGLang rules): finish after one more step
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -63,7 +64,7 @@ class Sequence:
 
     @property
     def done(self) -> bool:
-        return len(self.req.output_ids) >= self.max_new_tokens
+        return self.to_finish or len(self.req.output_ids) >= self.max_new_tokens
 
     @property
     def remaining_new(self) -> int:
