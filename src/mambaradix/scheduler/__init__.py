@@ -22,7 +22,7 @@ from mambaradix.scheduler.forward import (
     Forward,
     ScriptedForward,
 )
-from mambaradix.scheduler.loop import DECODE, IDLE, PREFILL, STALLED, Scheduler
+from mambaradix.scheduler.loop import DECODE, IDLE, PREEMPTED, PREFILL, STALLED, Scheduler
 from mambaradix.scheduler.sequence import Sequence
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "DECODED",
     "FINISH",
     "IDLE",
+    "PREEMPTED",
     "PREFILL",
     "PROMPT_END",
     "STALLED",

@@ -101,7 +101,12 @@ class PrefillBudget:
         if rem <= 0:
             rem = self.rem_chunk if self.rem_chunk is not None else req.total_len
         want = req.total_len - req.computed
-        n = self._cap(seq, min(want, rem))
+        # Also never more than can be had now: SGLang's one chunked request
+        # runs out of memory there; ours may be one of several and waits.
+        fits = int(self.cur_rem()) - self.page
+        n = self._cap(seq, min(want, rem, fits))
+        if n <= 0:
+            return False
         self._add(seq, n, min(seq.max_new_tokens, CLIP_MAX_NEW_TOKENS) if n == want else 0)
         return True
 

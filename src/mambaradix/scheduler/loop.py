@@ -53,7 +53,7 @@ from mambaradix.scheduler.sequence import (
     Sequence,
 )
 
-PREFILL, DECODE, IDLE, STALLED = "prefill", "decode", "idle", "stalled"
+PREFILL, DECODE, PREEMPTED, IDLE, STALLED = "prefill", "decode", "preempted", "idle", "stalled"
 
 
 class Scheduler:
@@ -80,6 +80,7 @@ class Scheduler:
         self.batch_is_full = False
         self._finished_since_decode = False
         self.ratio = NewTokenRatio(self.config.conservativeness)
+        self.max_running = running_limit(cache, self.config.max_running)
         self.forwards = {PREFILL: 0, DECODE: 0}
 
     # ------------------------------------------------------------------ API
@@ -116,9 +117,12 @@ class Scheduler:
         return bool(self.waiting or self.prefilling or self.running)
 
     def step(self) -> str:
-        """Run one forward. PREFILL or DECODE; IDLE if nothing is queued;
-        STALLED if requests wait but nothing can run (the head does not fit
-        even with every running request gone)."""
+        """Run one forward. PREFILL or DECODE; PREEMPTED when requests
+        part-way through their prefill hold the memory their next chunks need
+        and nothing else runs (SGLang would run out of memory there: the last
+        admitted goes back to the queue instead, memory returned); IDLE if
+        nothing is queued; STALLED if requests wait but nothing can run (the
+        head does not fit even with nothing else held)."""
         self._stash()
         batch = self._form_prefill()
         if batch:
@@ -127,6 +131,9 @@ class Scheduler:
         if self.running:
             self._run_decode()
             return DECODE
+        if self.prefilling:  # part-way requests hold the memory the next chunk needs
+            self._requeue(self.prefilling[-1])
+            return PREEMPTED
         if self.waiting and self.batch_is_full:
             self.batch_is_full = False  # an empty running batch is never full
             batch = self._form_prefill()
@@ -163,7 +170,7 @@ class Scheduler:
 
     def _allocatable(self) -> int:
         free_rows = self.cache.rows.available_size()
-        return min(self.config.max_running - len(self.running), free_rows)
+        return min(self.max_running - len(self.running), free_rows)
 
     def _form_prefill(self) -> list[tuple[Sequence, int]]:
         if (self.batch_is_full or not self.waiting) and not self.prefilling:
@@ -362,12 +369,29 @@ class Scheduler:
             self.batch_is_full = False
 
     def _requeue(self, seq: Sequence) -> None:
+        """Retract: give the memory back and queue the sequence again (its
+        outputs so far are kept and prefilled again with its prompt)."""
         seq.retracted_tokens += seq.req.computed - seq.req.cached_len
         self.cache.abort(seq.req)
         seq.retractions += 1
+        seq.stops = []
+        if seq.status == PREFILLING:  # admitted before everything waiting: first again
+            self.prefilling.remove(seq)
+            self.waiting.insert(0, seq)
+        else:
+            self.running.remove(seq)
+            self.waiting.append(seq)
         seq.status = WAITING
-        self.running.remove(seq)
-        self.waiting.append(seq)
+
+
+def running_limit(cache: CacheManager, max_running: int) -> int:
+    """Requests that may run at once: SGLang caps --max-running-requests at
+    the state pool size divided by the slots a request may need (3 for the
+    running state and the tree's copy-on-write head-room, plus the ping-pong
+    track slots; MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO). Ours: the slots
+    a request holds (1 + track slots), plus one for its checkpoints."""
+    per_request = cache.track_slots + (3 if cache.sglang else 2)
+    return max(1, min(max_running, cache.slots.capacity // per_request))
 
 
 def _check_config(cache: CacheManager, cfg: SchedulerConfig) -> None:
