@@ -17,7 +17,8 @@ import transformers  # noqa: F401  (the `engine` extra; setup installs it)
 from mambaradix.core.tree import MambaRadixCache  # noqa: E402
 from mambaradix.engine import Engine, Result, build_model  # noqa: E402
 from mambaradix.engine.workload import run_conversations  # noqa: E402
-from mambaradix.lifecycle import Request, lru_evictor  # noqa: E402
+from mambaradix.lifecycle import lru_evictor  # noqa: E402
+from mambaradix.scheduler import Sequence  # noqa: E402
 
 MODELS = ["nemotron-h-tiny", "qwen3-next-tiny"]
 TOL = 1e-4
@@ -71,14 +72,14 @@ def _flat(run_results: list[list[Result]]) -> list[Result]:
 
 
 def _run_multi_turn(
-    net: Any, evictor: Any = None, **kw: Any
+    net: Any, evictor: Any = None, max_new: int = 6, **kw: Any
 ) -> tuple[Engine, Engine, list[Result], list[Result]]:
     sessions = _sessions(seed=1, n=4, turns=3, first=70, later=20)
     on, off = _engine(net, True, **kw), _engine(net, False, **kw)
     if evictor is not None:
         on.mgr.evictor = evictor
-    r_on = _flat(run_conversations(on, sessions, max_new_tokens=6).results)
-    r_off = _flat(run_conversations(off, sessions, max_new_tokens=6).results)
+    r_on = _flat(run_conversations(on, sessions, max_new_tokens=max_new).results)
+    r_off = _flat(run_conversations(off, sessions, max_new_tokens=max_new).results)
     return on, off, r_on, r_off
 
 
@@ -117,15 +118,19 @@ def test_shared_system_prompt_exact_and_branch_checkpoint(net: Any, chunk_size: 
         eng.check()
     _assert_same(out[True], out[False])
     on = out[True]
-    # The batch is admitted one sequence per step, after `first` finished: its
-    # first prompt hits `first`'s last chunk-end checkpoint inside the system
-    # prompt and stops at its branch point (end of the system prompt) to
-    # checkpoint there in its first step, before the next one is admitted ...
-    assert on[1].cached_tokens == len(system) // chunk_size * chunk_size
-    assert all(r.cached_tokens == len(system) for r in on[2:5])
-    # ... which a later prompt with the same system prompt reuses whole too.
-    assert on[6].cached_tokens >= len(system)
-    assert on[5].cached_tokens == len(batch[1]) - 1  # its previous prompt (input - 1 stop)
+    # The four prompts of `batch` arrive together. With 256-token chunks they
+    # join one prefill batch: each matches `first`'s states, none of which ends
+    # inside the system prompt (they are at input - 1 = 53 and at its finished
+    # sequence): 0. With 13-token chunks they are admitted over several
+    # batches: the early ones reuse `first`'s chunk-end state at 39; each stops
+    # at its branch point, the end of the system prompt, to checkpoint there,
+    # so a prompt admitted after that reuses 45 ...
+    hit = len(system) // chunk_size * chunk_size
+    assert on[1].cached_tokens == hit
+    assert all(r.cached_tokens in (hit, len(system)) for r in on[1:5])
+    # ... which a later prompt with the same system prompt reuses whole ...
+    assert on[6].cached_tokens == len(system)
+    assert on[5].cached_tokens == len(batch[1]) - 1  # ... and its previous prompt (input - 1)
 
 
 def test_memory_pressure_evicts_tombstones_retracts_and_stays_exact(net: Any) -> None:
@@ -138,14 +143,17 @@ def test_memory_pressure_evicts_tombstones_retracts_and_stays_exact(net: Any) ->
         tombstoned.extend(n for n in internal if n.state is None and id(n) in live)
         return result
 
-    kw = {"chunk_size": 11, "kv_tokens": 200, "state_slots": 6, "max_running": 4}
-    on, off, r_on, r_off = _run_multi_turn(net, evictor, **kw)
+    # Admission reserves only 70% of the running requests' remaining outputs
+    # (SGLang's new-token ratio): with 30-token outputs and 200 KV tokens the
+    # requests admitted together outgrow the pool while decoding: retraction.
+    kw = {"chunk_size": 11, "kv_tokens": 200, "state_slots": 8, "max_running": 4}
+    on, off, r_on, r_off = _run_multi_turn(net, evictor, max_new=30, **kw)
     _assert_same(r_on, r_off)
     s = on.stats()
     assert s["evicted_states"] > 0
     assert tombstoned  # internal nodes lost their state but kept their KV
     assert s["evicted_kv_tokens"] > 0  # leaf eviction
-    assert s["retractions"] > 0 and off.stats()["retractions"] > 0
+    assert s["retractions"] > 0  # (the run without cache has other memory: may not retract)
     assert any(r.retractions for r in r_on)
     for eng, res in ((on, r_on), (off, r_off)):
         _assert_accounting(eng, res)
@@ -168,26 +176,16 @@ def test_no_leak_after_abort_mid_prefill(net: Any) -> None:
     eng = _engine(net, True, chunk_size=8)
     prompt = _tokens(random.Random(4), 30)
     eng.generate([prompt], max_new_tokens=3)
-    mgr, adapter = eng.mgr, eng.adapter
-    req = Request(input_ids=array("q", prompt[:20] + [7, 8, 9, 10, 11]))
-    assert mgr.admit(req) and req.cached_len > 0
-    for _ in range(2):  # two chunks past the hit, each checkpointed
-        start = req.computed
-        new = mgr.extend(req, 2)
-        assert new is not None and req.row is not None and req.slot is not None
-        adapter.forward(
-            req.tokens[start : req.computed],
-            start,
-            mgr.rows.read(req.row, 0, start),
-            new,
-            req.slot,
-        )
-        mgr.cache_unfinished(req)
-    new = mgr.extend(req, 1)  # private KV past the last checkpoint
-    assert new is not None
-    mgr.check_conservation()
-    mgr.abort(req)
+    sched = eng.scheduler
+    seq = Sequence(array("q", prompt[:20] + _tokens(random.Random(6), 19)), 3)
+    sched.submit(seq)
+    while not (seq.status == "prefilling" and seq.req.computed > seq.req.prefix_len):
+        sched.step()  # part-way: a chunk past the last checkpoint, its KV private
+    assert seq.req.cached_len > 0
+    eng.mgr.check_conservation()
+    sched.abort(seq)
     eng.check()
+    assert not eng.mgr.active and not sched.busy
     # the engine still serves (and reuses) after the abort
     r = eng.generate([prompt], max_new_tokens=3)[0]
     assert r.cached_tokens == len(prompt) - 1

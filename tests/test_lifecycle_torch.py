@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from array import array
 
-import torch
-
 import pytest
+import torch
 
 from mambaradix import MambaRadixCache
 from mambaradix.core.node import TreeNode

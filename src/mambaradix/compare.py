@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from mambaradix.engine import Engine
     from mambaradix.engine.workload import ConversationRun
+    from mambaradix.replay.models import ModelProfile
     from mambaradix.replay.policies import Policy
     from mambaradix.replay.trace import Trace
 
@@ -72,7 +73,13 @@ def engine_trace(run: ConversationRun) -> Trace:
 
     reqs = [
         TraceRequest(
-            s, t, t * ROUND_GAP_S, array("q", p), array("q", r.output_ids), len(p), len(r.output_ids)
+            s,
+            t,
+            t * ROUND_GAP_S,
+            array("q", p),
+            array("q", r.output_ids),
+            len(p),
+            len(r.output_ids),
         )
         for t in range(max((len(x) for x in run.prompts), default=0))
         for s, (prompts, results) in enumerate(zip(run.prompts, run.results, strict=True))
@@ -82,16 +89,27 @@ def engine_trace(run: ConversationRun) -> Trace:
     return Trace("engine-run", reqs)
 
 
-def replay_prediction(run: ConversationRun, engine: Engine, policy: Policy) -> list[int]:
+def unit_profile() -> ModelProfile:
+    """A profile of one byte per KV token and per state (pool sizes then are
+    exactly the engine's), one FLOP per token and per attention pair."""
+    from mambaradix.replay.models import ModelProfile
+
+    return ModelProfile("unit", "1 byte per KV token and per state", 1, 1, 1, 1)
+
+
+def replay_prediction(
+    run: ConversationRun, engine: Engine, policy: Policy, profile: ModelProfile | None = None
+) -> list[int]:
     """Cached tokens per request (session-major, turn order) that the replay
     predicts for this engine run: same prompts and answers, same pool sizes,
-    chunk size, page size, running limit, strategy and `policy`."""
-    from mambaradix.replay.models import ModelProfile
+    chunk size, page size, running limit, strategy and `policy` (attached to
+    `profile`, default `unit_profile()`; a cost-aware policy must see the same
+    profile in the engine to decide the same)."""
     from mambaradix.replay.serving import ServingConfig, ServingModel
 
     trace = engine_trace(run)
     mgr, sched = engine.mgr, engine.scheduler.config
-    unit = ModelProfile("unit", "1 byte per KV token and per state", 1, 1, 1, 1)
+    unit = profile or unit_profile()
     cfg = ServingConfig(
         memory_gb=1.0,
         chunk_tokens=sched.chunk_tokens or 1 << 40,

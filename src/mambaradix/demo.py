@@ -57,7 +57,9 @@ def serve_all(
         ReqToTokenTable(1, context + 1),
     )
     sched = Scheduler(
-        mgr, FingerprintForward(mgr, pool), config=SchedulerConfig(chunk_tokens=chunk, max_running=1)
+        mgr,
+        FingerprintForward(mgr, pool),
+        config=SchedulerConfig(chunk_tokens=chunk, max_running=1),
     )
     seqs = []
     for i, (prompt, answer) in enumerate(turns):

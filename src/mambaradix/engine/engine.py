@@ -39,8 +39,8 @@ from mambaradix.scheduler import (
     Extend,
     Scheduler,
     SchedulerConfig,
-    SGLangCheckpoints,
     Sequence,
+    SGLangCheckpoints,
 )
 
 __all__ = ["Engine", "Result"]
@@ -162,7 +162,11 @@ class Engine:
         self.prefix_cache = prefix_cache
         self.adapter = PoolAdapter(self.net, kv_tokens, state_slots)
         mamba_chunk = max(64, page_size)  # SGLang: max(FLA chunk 64, page_size)
-        kv = TokenKVAllocator(kv_tokens) if page_size == 1 else PagedKVAllocator(kv_tokens, page_size)
+        kv = (
+            TokenKVAllocator(kv_tokens)
+            if page_size == 1
+            else PagedKVAllocator(kv_tokens, page_size)
+        )
         self.mgr = CacheManager(
             MambaRadixCache(page_size=page_size, chunk_size=mamba_chunk, compat=compat),
             kv,

@@ -434,15 +434,16 @@ class CacheManager:
     def _insert_finished(self, req: Request) -> TreeNode | None:
         assert req.row is not None
         committed = req.computed
+        state: int | None
         if self.extra_buffer:
             cache_len = req.last_track_len or 0
-            state = req.track_slots[req.keep_track_index()] if req.track_slots else -1
+            state = req.track_slots[req.keep_track_index()] if req.track_slots else None
         else:
             cache_len, state = committed, req.slot
         self._free_kv(self.rows.read(req.row, max(cache_len, req.prefix_len), committed))
         if cache_len == 0:
             return None
-        assert state is not None and state >= 0
+        assert state is not None
         key = req.tokens[:cache_len]
         r = self.tree.insert(
             key, self.rows.read(req.row, 0, cache_len), state, req.prefix_len, req.extra_key

@@ -36,8 +36,8 @@ from mambaradix.scheduler import (
     Extend,
     Scheduler,
     SchedulerConfig,
-    Sequence,
     ScriptedForward,
+    Sequence,
 )
 
 SGLANG_MAMBA_CHUNK = 64  # FLA chunk: SGLang's mamba_cache_chunk_size = max(64, page)

@@ -222,6 +222,7 @@ class Scheduler:
             if seq.status == WAITING:
                 self.waiting.remove(seq)
                 seq.admitted_len = seq.req.total_len
+                seq.admission_prefill = 0
                 self.checkpoints.on_admitted(seq.req)
             seq.status = PREFILLING
         self.prefilling = waiting_turn + budget.truncated
@@ -243,6 +244,7 @@ class Scheduler:
         for item, token in zip(items, tokens, strict=True):
             seq = item.seq
             seq.prefill_tokens += item.end - item.start
+            seq.admission_prefill += item.end - item.start
             if item.track_at is not None:
                 self.cache.track(seq.req, item.track_at)
             if item.end == seq.req.total_len:
@@ -371,7 +373,7 @@ class Scheduler:
     def _requeue(self, seq: Sequence) -> None:
         """Retract: give the memory back and queue the sequence again (its
         outputs so far are kept and prefilled again with its prompt)."""
-        seq.retracted_tokens += seq.req.computed - seq.req.cached_len
+        seq.retracted_tokens += seq.admission_prefill
         self.cache.abort(seq.req)
         seq.retractions += 1
         seq.stops = []

@@ -41,6 +41,7 @@ class Sequence:
     kv_hit_tokens: int = 0
     prefill_tokens: int = 0  # tokens run through prefill by admissions that completed
     retracted_tokens: int = 0  # prefill work lost to retractions
+    admission_prefill: int = 0  # prefill tokens run by the current admission
     retractions: int = 0
     first_token_time: float | None = None
     finish_time: float | None = None
