@@ -7,9 +7,9 @@ import pytest
 
 def test_engine_cli_mt_bench(capsys: pytest.CaptureFixture[str]) -> None:
     from mambaradix.cli import main
-    from mambaradix.engine.workload import trace_sessions
+    from mambaradix.compare import engine_sessions
 
-    assert trace_sessions("mt-bench", 1024, 1)  # needs the `text` extra (setup installs it)
+    assert engine_sessions("mt-bench", 1024, 1)  # needs the `text` extra (setup installs it)
     args = ["engine", "--sessions", "3", "--max-new-tokens", "4", "--chunk-size", "32"]
     assert main(args) == 0
     out = capsys.readouterr().out
