@@ -15,9 +15,9 @@ from mambaradix.geometry.derive import (
     Figures,
     LayerCost,
     StateDtypes,
+    engine_state_dtypes,
     figures,
     layer_cost,
-    model_state_dtypes,
     sglang_state_dtypes,
 )
 from mambaradix.geometry.layers import (
@@ -52,7 +52,7 @@ __all__ = [
     "VllmBlock",
     "figures",
     "layer_cost",
-    "model_state_dtypes",
+    "engine_state_dtypes",
     "published",
     "sglang_state_dtypes",
     "vllm_block",

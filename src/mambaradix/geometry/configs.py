@@ -227,7 +227,8 @@ def marconi_7b() -> Geometry:
     mamba = Mamba2(expand * d // 64, 64, n, 1, _int(c, "conv_kernel", minimum=2))
     mlp = MLP(4 * d, gated=False)
     counts = {k: _int(c, k) for k in ("attention_layers", "ssm_layers", "mlp_layers")}
-    layers: list[Layer] = [mamba] * counts["ssm_layers"] + [mlp] * counts["mlp_layers"]
+    layers: list[Layer] = [mamba] * counts["ssm_layers"]
+    layers += [mlp] * counts["mlp_layers"]
     for k in range(counts["attention_layers"]):
         layers.insert((k + 1) * len(layers) // counts["attention_layers"], attn)
     return Geometry(

@@ -48,7 +48,6 @@ from mambaradix.geometry.layers import (
     Layer,
     Mamba1,
     Mamba2,
-    MoE,
     Recurrent,
     conv_shape,
     dtype_bytes,
@@ -61,24 +60,33 @@ __all__ = [
     "LayerCost",
     "StateDtypes",
     "figures",
+    "engine_state_dtypes",
     "layer_cost",
-    "model_state_dtypes",
     "sglang_state_dtypes",
+    "state_shapes",
     "uniform_cost",
 ]
 
 
 @dataclass(frozen=True)
 class StateDtypes:
-    """Dtypes an engine stores a recurrent state in, and why."""
+    """How an engine stores a recurrent state: dtypes, and why.
+
+    ``conv_keeps_kernel``: the conv state keeps all ``conv_kernel`` inputs
+    (transformers' cache, hence the mambaradix engine) rather than the
+    ``conv_kernel - 1`` that SGLang and vLLM keep.
+    """
 
     conv: str
     ssm: str
     rule: str
+    conv_keeps_kernel: bool = False
 
     def __post_init__(self) -> None:
         dtype_bytes(self.conv, "StateDtypes.conv")
         dtype_bytes(self.ssm, "StateDtypes.ssm")
+        if not isinstance(self.conv_keeps_kernel, bool):
+            raise TypeError("StateDtypes.conv_keeps_kernel must be a bool")
 
 
 def sglang_state_dtypes(geom: Geometry) -> StateDtypes:
@@ -91,9 +99,17 @@ def sglang_state_dtypes(geom: Geometry) -> StateDtypes:
     return StateDtypes("bfloat16", ssm or "float32", f"SGLang: conv bfloat16, ssm {why}")
 
 
-def model_state_dtypes(geom: Geometry) -> StateDtypes:
-    """Conv and SSM both at the model dtype (the mambaradix engine's pools)."""
-    return StateDtypes(geom.dtype, geom.dtype, f"model dtype {geom.dtype}")
+def engine_state_dtypes(geom: Geometry) -> StateDtypes:
+    """The mambaradix engine's pools: transformers' cache layout (conv keeps
+    ``conv_kernel`` inputs), conv and SSM at the model dtype."""
+    rule = f"engine: conv and ssm at the model dtype {geom.dtype}, conv keeps conv_kernel inputs"
+    return StateDtypes(geom.dtype, geom.dtype, rule, conv_keeps_kernel=True)
+
+
+def state_shapes(layer: Recurrent, dtypes: StateDtypes) -> tuple[tuple[int, int], tuple[int, ...]]:
+    """Conv and SSM state shapes of one sequence in `layer`, as `dtypes`' engine keeps them."""
+    dim, width = conv_shape(layer)
+    return (dim, width + 1 if dtypes.conv_keeps_kernel else width), layer.ssm_shape
 
 
 @dataclass(frozen=True)
@@ -131,14 +147,16 @@ def layer_cost(layer: Layer, geom: Geometry, dtypes: StateDtypes) -> LayerCost:
         return _recurrent_cost(layer, h, dtypes)
     if isinstance(layer, MLP):
         k = 3 if layer.gated else 2
-        return LayerCost(0, 0, 2 * layer.params(h), 0, (("linear_flops_per_token", f"2*{k}*hidden*ffn"),))
+        return LayerCost(
+            0, 0, 2 * layer.params(h), 0, (("linear_flops_per_token", f"2*{k}*hidden*ffn"),)
+        )
     formula = "2*(hidden*experts + top_k*3*hidden*ffn + 3*hidden*shared_ffn [+ hidden gate])"
     return LayerCost(0, 0, 2 * layer.active_params(h), 0, (("linear_flops_per_token", formula),))
 
 
 def _recurrent_cost(layer: Recurrent, hidden: int, dtypes: StateDtypes) -> LayerCost:
     conv_b, ssm_b = dtype_bytes(dtypes.conv), dtype_bytes(dtypes.ssm)
-    dim, width = conv_shape(layer)
+    (dim, width), _ = state_shapes(layer, dtypes)
     elems = ssm_elems(layer)
     state = dim * width * conv_b + elems * ssm_b
     scan = layer.scan_flops_per_state_elem
@@ -150,7 +168,10 @@ def _recurrent_cost(layer: Recurrent, hidden: int, dtypes: StateDtypes) -> Layer
         flops,
         0,
         (
-            ("state_bytes", f"conv ({dim}x{width})*{conv_b} [{dtypes.conv}] + ssm ({shape})*{ssm_b} [{dtypes.ssm}]"),
+            (
+                "state_bytes",
+                f"conv ({dim}x{width})*{conv_b} + ssm ({shape})*{ssm_b}; {dtypes.rule}",
+            ),
             ("linear_flops_per_token", f"2*params + 2*conv_kernel*conv_dim + {scan}*ssm_elems"),
         ),
     )
@@ -183,7 +204,9 @@ def _marconi_cost(layer: Layer, geom: Geometry) -> LayerCost:
             ),
         )
     if isinstance(layer, MLP):
-        return LayerCost(0, 0, 16 * d * d, 0, (("linear_flops_per_token", "16*D^2 (get_mlp_flops)"),))
+        return LayerCost(
+            0, 0, 16 * d * d, 0, (("linear_flops_per_token", "16*D^2 (get_mlp_flops)"),)
+        )
     raise ValueError(f"marconi accounting has no formula for a {layer.kind} layer")
 
 
@@ -217,4 +240,3 @@ def uniform_cost(geom: Geometry, kind: type | tuple[type, ...], dtypes: StateDty
         what = "no such layers" if not costs else "layers of different sizes"
         raise ValueError(f"{geom.name}: {what} for {kind}")
     return costs.pop()
-

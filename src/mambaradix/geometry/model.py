@@ -71,7 +71,9 @@ class Geometry:
         if chunk is not None and chunk < 1:
             raise ValueError(f"Geometry.mamba_chunk_size must be >= 1, got {chunk}")
         if self.accounting not in ACCOUNTINGS:
-            raise ValueError(f"Geometry.accounting must be one of {ACCOUNTINGS}, got {self.accounting!r}")
+            raise ValueError(
+                f"Geometry.accounting must be one of {ACCOUNTINGS}, got {self.accounting!r}"
+            )
         object.__setattr__(self, "layers", tuple(self.layers))
         object.__setattr__(self, "dtype_settings", tuple(tuple(kv) for kv in self.dtype_settings))
 

@@ -134,6 +134,10 @@ class VllmBlock:
         return self.attention_layers * self.attention_page_per_token
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def vllm_block(
     geom: Geometry,
     *,
@@ -144,7 +148,10 @@ def vllm_block(
     """vLLM's block for `geom` (see the module doc); `dtypes` defaults to
     `vllm_state_dtypes`. ``gdn_checkpoint_alignment=None`` models a GPU
     without FlashInfer GDN prefill (e.g. SM80), where GDN layers declare none."""
-    checks = (("kernel_alignment", kernel_alignment), ("gdn_checkpoint_alignment", gdn_checkpoint_alignment))
+    checks = (
+        ("kernel_alignment", kernel_alignment),
+        ("gdn_checkpoint_alignment", gdn_checkpoint_alignment),
+    )
     for key, value in checks:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise TypeError(f"{key} must be an int, got {type(value).__name__}")
@@ -157,10 +164,10 @@ def vllm_block(
     rec = geom.recurrent
     if gdn_checkpoint_alignment and all(isinstance(x, GatedDeltaNet) for x in rec):
         align = lcm(align, gdn_checkpoint_alignment)
-    tokens = align * -(-mamba // (align * attn))
+    tokens = align * _cdiv(mamba, align * attn)
     supported = geom.architecture in ALL_MODE_ARCHITECTURES
     chunk = lcm(geom.mamba_chunk_size or ALL_MODE_CHUNK_DEFAULT, kernel_alignment)
-    all_tokens = chunk * -(-(-(-mamba // attn)) // chunk) if supported else tokens
+    all_tokens = chunk * _cdiv(_cdiv(mamba, attn), chunk) if supported else tokens
     return VllmBlock(
         tokens=tokens,
         attention_page_per_token=attn,
@@ -172,4 +179,3 @@ def vllm_block(
         all_mode_tokens=all_tokens,
         all_mode_supported=supported,
     )
-

@@ -99,17 +99,15 @@ class SGLangUsed(SGLang):
 class VLLM(Policy):
     """vLLM's "align" mode: states only at block boundaries, one at the last
     boundary of each scheduler step (prefill chunks are block aligned) and one
-    whenever decoding crosses a boundary. The block is the attention block
-    vLLM pads up to one state's bytes (page-size unification)."""
+    whenever decoding crosses a boundary. The block is vLLM's unified block,
+    per layer as vLLM computes it (`ModelProfile.vllm_block_tokens`)."""
 
     name = "vllm"
     finish_insert = False
 
     def attach(self, ctx: PolicyContext) -> None:
         super().attach(ctx)
-        tokens = -(-ctx.profile.state_bytes // ctx.profile.kv_bytes_per_token)
-        tokens = -(-tokens // 16) * 16
-        self.block_units = max(1, -(-tokens // ctx.unit_tokens))
+        self.block_units = max(1, -(-ctx.profile.vllm_block_tokens // ctx.unit_tokens))
 
     def stops(self, req: Request, n_in: int, committed: int) -> list[int]:
         b = self.block_units
