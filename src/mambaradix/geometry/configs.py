@@ -22,6 +22,7 @@ from mambaradix.geometry.layers import (
     Mamba1,
     Mamba2,
     MoE,
+    dtype_bytes,
 )
 from mambaradix.geometry.model import Geometry
 
@@ -63,6 +64,12 @@ def _str(cfg: Config, key: str, default: object = _MISSING) -> str:
     return value
 
 
+def _dtype(cfg: Config, key: str) -> str:
+    value = _str(cfg, key, "bfloat16")
+    dtype_bytes(value, f"config key {key!r}")
+    return value
+
+
 def _common(cfg: Config, architecture: str) -> dict[str, object]:
     """Model-wide Geometry fields every builder reads the same way
     (`architecture` when the config has no ``architectures``)."""
@@ -74,7 +81,7 @@ def _common(cfg: Config, architecture: str) -> dict[str, object]:
     return {
         "architecture": archs[0],
         "hidden": _int(cfg, "hidden_size"),
-        "dtype": _str(cfg, "torch_dtype", "bfloat16"),
+        "dtype": _dtype(cfg, "torch_dtype"),
         "dtype_settings": tuple((k, _str(cfg, k)) for k in _DTYPE_KEYS if k in cfg),
         "mamba_chunk_size": None if chunk is None else _int(cfg, key),
     }
