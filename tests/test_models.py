@@ -308,3 +308,21 @@ def test_profiles_are_frozen() -> None:
     p = get_profile("marconi-7b")
     with pytest.raises(AttributeError):
         p.state_bytes = 0  # type: ignore[misc]
+
+
+def test_readme_model_table_is_what_bench_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "model_profiles", root / "bench/model_profiles.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main()
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert len(rows) == 6
+    readme = (root / "README.md").read_text()
+    for row in rows:
+        assert row in readme
