@@ -95,8 +95,9 @@ def sglang_state_dtypes(geom: Geometry) -> StateDtypes:
     SSM from the config's ``mamba_ssm_dtype``, else float32
     (``SGLANG_MAMBA_SSM_DTYPE`` unset)."""
     ssm = geom.setting("mamba_ssm_dtype")
-    why = "config mamba_ssm_dtype" if ssm else "SGLang default"
-    return StateDtypes("bfloat16", ssm or "float32", f"SGLang: conv bfloat16, ssm {why}")
+    why = "the config's mamba_ssm_dtype" if ssm else "default"
+    rule = f"SGLang 0.5.15.post1: conv bfloat16, ssm {ssm or 'float32'} ({why})"
+    return StateDtypes("bfloat16", ssm or "float32", rule)
 
 
 def engine_state_dtypes(geom: Geometry) -> StateDtypes:

@@ -92,12 +92,14 @@ def vllm_state_dtypes(geom: Geometry) -> StateDtypes:
     arch, model = geom.architecture, geom.dtype
     if arch in ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM"):
         ssm = geom.setting("mamba_ssm_cache_dtype")
-        why = "config mamba_ssm_cache_dtype" if ssm else "NemotronH hook default float32"
-        return StateDtypes(model, ssm or "float32", f"vLLM: conv {model}, ssm {why}")
+        why = "the config's mamba_ssm_cache_dtype" if ssm else "NemotronH hook default"
+        rule = f"vLLM 0.33.0: conv {model}, ssm {ssm or 'float32'} ({why})"
+        return StateDtypes(model, ssm or "float32", rule)
     if arch.startswith("Qwen3_5") and geom.setting("mamba_ssm_dtype"):
         ssm = geom.setting("mamba_ssm_dtype") or model
-        return StateDtypes(model, ssm, f"vLLM: conv {model}, ssm config mamba_ssm_dtype")
-    return StateDtypes(model, model, f"vLLM: conv and ssm at the model dtype {model} ('auto')")
+        rule = f"vLLM 0.33.0: conv {model}, ssm {ssm} (the config's mamba_ssm_dtype)"
+        return StateDtypes(model, ssm, rule)
+    return StateDtypes(model, model, f"vLLM 0.33.0: conv and ssm {model} (model dtype, 'auto')")
 
 
 @dataclass(frozen=True)

@@ -241,13 +241,16 @@ def _derivation(geom: Geometry, dtypes: StateDtypes, vb: VllmBlock) -> Derivatio
         cost = layer_cost(layer, geom, dtypes)
         for figure, formula in cost.formulas:
             out.append((f"{key}_{figure}_per_layer", getattr(cost, _FIGURE[figure]), formula))
+    page = f"MambaSpec; {vb.dtypes.rule}"
+    if geom.accounting == "marconi":
+        page = "Marconi's get_mamba_state_size"
     out += [
         (
             "vllm_attention_page_bytes_per_token_per_layer",
             vb.attention_page_per_token,
             "FullAttentionSpec(block_size=1).page_size_bytes",
         ),
-        ("vllm_mamba_page_bytes_per_layer", vb.mamba_page, f"MambaSpec; {vb.dtypes.rule}"),
+        ("vllm_mamba_page_bytes_per_layer", vb.mamba_page, page),
         (
             "vllm_block_alignment",
             vb.alignment,
@@ -273,7 +276,7 @@ def profile_from_geometry(
     vb = vllm_block(geom)
     return ModelProfile(
         name=geom.name,
-        source=f"{geom.source} State dtypes: {dtypes.rule}; vLLM 0.33.0: {vb.dtypes.rule}.",
+        source=f"{geom.source} State dtypes: {dtypes.rule}; {vb.dtypes.rule}.",
         kv_bytes_per_token=figs.kv_bytes_per_token,
         state_bytes=figs.state_bytes,
         linear_flops_per_token=figs.linear_flops_per_token,
