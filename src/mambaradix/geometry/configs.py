@@ -12,7 +12,7 @@ TypeError (wrong type), naming the key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from mambaradix.geometry.layers import (
     MLP,
@@ -70,28 +70,31 @@ def _dtype(cfg: Config, key: str) -> str:
     return value
 
 
-def _common(cfg: Config, architecture: str) -> dict[str, object]:
-    """Model-wide Geometry fields every builder reads the same way
+def _geometry(
+    name: str, cfg: Config, architecture: str, layers: Sequence[Layer], source: str
+) -> Geometry:
+    """`layers` with the model-wide fields every builder reads the same way
     (`architecture` when the config has no ``architectures``)."""
-    chunk = cfg.get("mamba_chunk_size", cfg.get("chunk_size"))
-    key = "mamba_chunk_size" if "mamba_chunk_size" in cfg else "chunk_size"
+    chunk_key = "mamba_chunk_size" if "mamba_chunk_size" in cfg else "chunk_size"
     archs = cfg.get("architectures", [architecture])
     if not isinstance(archs, (list, tuple)) or not archs or not isinstance(archs[0], str):
         raise ValueError(f"config key 'architectures' must be a non-empty list, got {archs!r}")
-    return {
-        "architecture": archs[0],
-        "hidden": _int(cfg, "hidden_size"),
-        "dtype": _dtype(cfg, "torch_dtype"),
-        "dtype_settings": tuple((k, _str(cfg, k)) for k in _DTYPE_KEYS if k in cfg),
-        "mamba_chunk_size": None if chunk is None else _int(cfg, key),
-    }
+    return Geometry(
+        name=name,
+        architecture=archs[0],
+        hidden=_int(cfg, "hidden_size"),
+        layers=tuple(layers),
+        dtype=_dtype(cfg, "torch_dtype"),
+        dtype_settings=tuple((k, _str(cfg, k)) for k in _DTYPE_KEYS if k in cfg),
+        mamba_chunk_size=_int(cfg, chunk_key) if chunk_key in cfg else None,
+        source=source,
+    )
 
 
 def nemotron_h(name: str, cfg: Config, source: str = "") -> Geometry:
     """NemotronH: one block per layer, ``M`` Mamba2, ``*`` attention, ``-`` MLP
     (relu2, not gated), ``E`` MoE; from ``hybrid_override_pattern`` or the
     transformers ``layers_block_type`` list."""
-    common = _common(cfg, "NemotronHForCausalLM")
     hidden = _int(cfg, "hidden_size")
     kinds = _nemotron_pattern(cfg)
     head_dim = _int(cfg, "attention_head_dim" if "attention_head_dim" in cfg else "head_dim")
@@ -118,7 +121,7 @@ def nemotron_h(name: str, cfg: Config, source: str = "") -> Geometry:
             intermediate=_int(cfg, "moe_intermediate_size"),
         )
     layers = tuple(blocks[k] for k in kinds)
-    return Geometry(name=name, layers=layers, source=source, **common)  # type: ignore[arg-type]
+    return _geometry(name, cfg, "NemotronHForCausalLM", layers, source)
 
 
 def _nemotron_pattern(cfg: Config) -> str:
@@ -148,7 +151,6 @@ def qwen3_next(name: str, cfg: Config, source: str = "") -> Geometry:
     ``(i + 1) % full_attention_interval == 0``, else Gated DeltaNet) and an
     FFN (MoE iff ``num_experts > 0``, ``(i + 1) % decoder_sparse_step == 0``
     and i not in ``mlp_only_layers``; else a SwiGLU MLP)."""
-    common = _common(cfg, "Qwen3NextForCausalLM")
     n = _int(cfg, "num_hidden_layers")
     interval = _int(cfg, "full_attention_interval")
     attn = Attention(
@@ -169,7 +171,7 @@ def qwen3_next(name: str, cfg: Config, source: str = "") -> Geometry:
     for i in range(n):
         layers.append(attn if (i + 1) % interval == 0 else gdn)
         layers.append(_qwen_moe(cfg) if i in moe_at else MLP(_int(cfg, "intermediate_size"), True))
-    return Geometry(name=name, layers=tuple(layers), source=source, **common)  # type: ignore[arg-type]
+    return _geometry(name, cfg, "Qwen3NextForCausalLM", layers, source)
 
 
 def _qwen_moe_layers(cfg: Config, n: int) -> set[int]:
@@ -197,7 +199,6 @@ def jamba(name: str, cfg: Config, source: str = "") -> Geometry:
     """Jamba: decoder layer i mixes with attention iff ``i % attn_layer_period ==
     attn_layer_offset`` (else Mamba1) and its FFN is MoE iff ``i %
     expert_layer_period == expert_layer_offset`` (else a SwiGLU MLP)."""
-    common = _common(cfg, "JambaForCausalLM")
     hidden, n = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
     heads = _int(cfg, "num_attention_heads")
     if hidden % heads:
@@ -217,7 +218,7 @@ def jamba(name: str, cfg: Config, source: str = "") -> Geometry:
     for i in range(n):
         layers.append(attn if i % a_per == a_off else mamba)
         layers.append(moe if i % e_per == e_off else mlp)
-    return Geometry(name=name, layers=tuple(layers), source=source, **common)  # type: ignore[arg-type]
+    return _geometry(name, cfg, "JambaForCausalLM", layers, source)
 
 
 def marconi_7b() -> Geometry:
