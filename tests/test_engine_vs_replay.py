@@ -15,8 +15,13 @@ import torch
 from mambaradix.compare import replay_prediction, unit_profile
 from mambaradix.engine import Engine, build_model
 from mambaradix.engine.workload import run_conversations
-from mambaradix.replay.policies import DefaultPolicy, MambaRadix, PolicyContext, SGLang
-from mambaradix.replay.policies import SGLangExtraBuffer
+from mambaradix.replay.policies import (
+    DefaultPolicy,
+    MambaRadix,
+    PolicyContext,
+    SGLang,
+    SGLangExtraBuffer,
+)
 
 CASES = [
     # (policy, engine keyword arguments)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from math import ceil
+from pathlib import Path
+
 import pytest
 
 from mambaradix.replay.models import PROFILES, ModelProfile, get_profile
+from mambaradix.replay.policies import VLLM, PolicyContext
 
 REAL = ("nemotron-h-8b", "qwen3-next-80b-a3b", "jamba-1.5-mini")
 
@@ -132,6 +136,77 @@ def test_real_causal_attention_term() -> None:
     assert p.prefill_flops(c, n) == float(expected)
 
 
+# --------------------------------------------------------------------------- vLLM
+
+
+def test_vllm_blocks_of_the_profiles() -> None:
+    # 16 * ceil(mamba page / (16 * attention page per token)), pages per layer (see
+    # test_geometry for each written out): Nemotron-H fp32 SSM (vLLM's NemotronH hook),
+    # Qwen3-Next bf16 SSM on a 64-token GDN grid, Jamba bf16, Marconi's own accounting.
+    blocks = {n: get_profile(n).vllm_block_tokens for n in (*REAL, "marconi-7b")}
+    assert blocks == {
+        "nemotron-h-8b": 16 * ceil(4_255_744 / (16 * 4096)),
+        "qwen3-next-80b-a3b": 64 * ceil(1_097_728 / (64 * 2048)),
+        "jamba-1.5-mini": 16 * ceil(311_296 / (16 * 4096)),
+        "marconi-7b": 16 * ceil(1_116_160 / (16 * 16_384)),
+    }
+    assert blocks == {
+        "nemotron-h-8b": 1040,
+        "qwen3-next-80b-a3b": 576,
+        "jamba-1.5-mini": 80,
+        "marconi-7b": 80,
+    }
+    p = get_profile("nemotron-h-8b")
+    assert p.vllm_state_bytes == 24 * 1040 * 4096
+    assert p.vllm_all_block_tokens == 1152
+    assert p.vllm_state_dtypes is not None and p.vllm_state_dtypes.ssm == "float32"
+    q = get_profile("qwen3-next-80b-a3b")
+    assert q.vllm_state_bytes == 36 * 576 * 2048
+    assert q.state_dtypes is not None and q.state_dtypes.ssm == "float32"  # SGLang's default
+    assert q.vllm_state_dtypes is not None and q.vllm_state_dtypes.ssm == "bfloat16"
+
+
+def test_vllm_policy_uses_the_profile_block() -> None:
+    p = get_profile("nemotron-h-8b")
+    for unit, units in ((1, 1040), (16, 65), (512, 3)):  # ceil(1040 / unit)
+        pol = VLLM()
+        pol.attach(PolicyContext(p, unit, 16, unit * p.kv_bytes_per_token))
+        assert pol.block_units == units
+
+
+def test_hand_built_profile_gets_the_one_layer_pair_block() -> None:
+    p = ModelProfile("x", "s", 1000, 20_000, 1, 1)
+    # one attention layer of 1,000 bytes/token and one recurrent layer of 20,000 bytes
+    assert p.vllm_block_tokens == 16 * ceil(20_000 / (16 * 1000)) == 32
+    assert p.vllm_all_block_tokens == 32
+    assert p.vllm_state_bytes == 32 * 1000
+    given = ModelProfile("y", "s", 1000, 20_000, 1, 1, vllm_block_tokens=48)
+    assert given.vllm_block_tokens == 48 and given.vllm_state_bytes == 48_000
+
+
+def test_engine_preset_profiles() -> None:
+    # float32 states and KV (the engine's model dtype); conv keeps all 4 kernel inputs
+    n = get_profile("nemotron-h-tiny")
+    assert n.kv_bytes_per_token == 1 * 2 * 2 * 16 * 4
+    assert n.state_bytes == 2 * ((8 * 16 + 2 * 16) * 4 * 4 + 8 * 16 * 16 * 4)
+    # vLLM on the same geometry: float32 everywhere, conv_kernel - 1 = 3 columns
+    assert n.vllm_block_tokens == 16 * ceil((160 * 3 * 4 + 8 * 16 * 16 * 4) / (16 * 256))
+    q = get_profile("qwen3-next-tiny")
+    assert q.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
+    assert q.state_bytes == 2 * ((2 * 2 * 16 + 4 * 16) * 4 * 4 + 4 * 16 * 16 * 4)
+    assert q.geometry is not None and q.geometry.count("gated_deltanet") == 2
+
+
+def test_no_path_outside_the_repository() -> None:
+    root = Path(__file__).resolve().parents[1]
+    files = [*sorted((root / "src").rglob("*.py")), root / "README.md"]
+    for path in files:
+        text = path.read_text()
+        assert "/work/" not in text, path
+    for p in PROFILES.values():
+        assert "/work/" not in p.source and "peers.md" not in p.source
+
+
 # --------------------------------------------------------------------------- properties
 
 
@@ -191,6 +266,7 @@ def test_marconi_state_versus_real_model_is_documented() -> None:
 
     marconi_doc = models._marconi_7b.__doc__ or ""
     assert "expand" in marconi_doc and "get_mlp_flops" in marconi_doc
+    assert "peers.md" not in marconi_doc
 
 
 # --------------------------------------------------------------------------- errors
@@ -232,3 +308,21 @@ def test_profiles_are_frozen() -> None:
     p = get_profile("marconi-7b")
     with pytest.raises(AttributeError):
         p.state_bytes = 0  # type: ignore[misc]
+
+
+def test_readme_model_table_is_what_bench_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "model_profiles", root / "bench/model_profiles.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main()
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert len(rows) == 6
+    readme = (root / "README.md").read_text()
+    for row in rows:
+        assert row in readme

@@ -15,53 +15,38 @@ from typing import Any
 
 import torch
 
-__all__ = ["PRESETS", "build_model"]
+from mambaradix.geometry.derive import engine_state_dtypes, state_shapes
+from mambaradix.geometry.presets import PRESETS as GEOMETRY_PRESETS
+from mambaradix.pools.geometry import StateGeometry
 
-_COMMON: dict[str, Any] = {
-    "vocab_size": 1024,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "initializer_range": 0.05,
-    "tie_word_embeddings": False,
-}
+__all__ = ["PRESETS", "build_model", "state_geometry"]
 
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
-    "nemotron-h-tiny": (
-        "NemotronH",
-        {
-            **_COMMON,
-            "layers_block_type": ["mamba", "attention", "mamba", "mlp"],
-            "mamba_num_heads": 8,
-            "mamba_head_dim": 16,
-            "n_groups": 1,
-            "ssm_state_size": 16,
-            "conv_kernel": 4,
-            "expand": 2,
-            "chunk_size": 16,
-        },
-    ),
-    "qwen3-next-tiny": (
-        "Qwen3Next",
-        {
-            **_COMMON,
-            "num_hidden_layers": 4,
-            "linear_num_value_heads": 4,
-            "linear_num_key_heads": 2,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_conv_kernel_dim": 4,
-            "num_experts": 2,
-            "num_experts_per_tok": 1,
-            "moe_intermediate_size": 64,
-            "shared_expert_intermediate_size": 64,
-            "full_attention_interval": 2,
-        },
-    ),
+    name: (preset.family, preset.config_kwargs()) for name, preset in GEOMETRY_PRESETS.items()
 }
-"""Preset name -> (transformers model family, config kwargs)."""
+"""Preset name -> (transformers model family, config kwargs), each written from
+the preset's per-layer geometry (`mambaradix.geometry.presets`), the same
+geometry `replay.models.get_profile(name)` derives its profile from."""
+
+
+def state_geometry(model: str, dtype: torch.dtype = torch.float32) -> StateGeometry:
+    """The state-pool slot shape of preset `model`, from its recurrent layers
+    as the engine keeps them (`geometry.derive.engine_state_dtypes`: the conv
+    state holds all ``conv_kernel`` inputs, as transformers' cache does), at
+    `dtype`."""
+    geom = GEOMETRY_PRESETS[model].geometry
+    rec = geom.recurrent
+    if not rec or len(set(rec)) != 1:
+        raise ValueError(f"{model}: needs recurrent layers of one shape")
+    conv, ssm = state_shapes(rec[0], engine_state_dtypes(geom))
+    name = str(dtype).removeprefix("torch.")
+    return StateGeometry(
+        num_layers=len(rec),
+        conv_shapes=(conv,),
+        ssm_shape=ssm,
+        conv_dtype=name,
+        ssm_dtype=name,
+    )
 
 
 def build_model(

@@ -1,63 +1,63 @@
 """Model profiles for `mambaradix replay`: bytes and FLOPs a prefix-cache hit saves.
 
-A profile reduces a hybrid model to four numbers a replay needs:
+A profile reduces a hybrid model to the numbers a replay needs:
 
-* ``kv_bytes_per_token``: K and V of every attention layer for one token, at the
-  engine's KV dtype (bf16 unless noted);
-* ``state_bytes``: one recurrent-state checkpoint, i.e. the conv state and the SSM
-  state of every recurrent (Mamba / Gated DeltaNet) layer;
-* the prefill cost ``F(L)`` of ``L`` tokens, as a per-token linear part plus the
-  attention score term, from which ``prefill_flops`` and ``flops_saved`` follow.
+* ``kv_bytes_per_token``: K and V of every attention layer for one token, at
+  the model dtype (bf16 for the published models);
+* ``state_bytes``: one recurrent-state checkpoint, i.e. the conv state and the
+  SSM state of every recurrent (Mamba / Gated DeltaNet) layer, at the
+  profile's ``state_dtypes``;
+* the prefill cost ``F(L)`` of ``L`` tokens, as a per-token linear part plus
+  the attention score term, from which ``prefill_flops`` and ``flops_saved``
+  follow;
+* vLLM's unified block (``vllm_block_tokens``, and the "all"-mode block) and
+  what one state costs there (``vllm_state_bytes``, padded to a page).
 
-Profiles ``nemotron-h-8b``, ``qwen3-next-80b-a3b`` and ``jamba-1.5-mini`` are
-derived from the models' published ``config.json`` (the numbers are copied into
-the ``*_CONFIG`` dicts below, each with where it was read). ``marconi-7b``
-reproduces the accounting of Marconi's released simulator, not a real checkpoint.
+Every number is derived from the model's per-layer geometry
+(`mambaradix.geometry`): its layers are built from the published
+``config.json`` (``nemotron-h-8b``, ``qwen3-next-80b-a3b``,
+``jamba-1.5-mini``; values and sources in `mambaradix.geometry.configs`) or
+from the engine's presets (``nemotron-h-tiny``, ``qwen3-next-tiny``), and the
+formulas are documented once in `mambaradix.geometry.derive` (FLOPs, bytes)
+and `mambaradix.geometry.vllm` (vLLM's block). ``marconi-7b`` reproduces the
+accounting of Marconi's released simulator, not a real checkpoint.
 
-Conventions for the real models (documented once here, repeated in each
-``source``):
-
-FLOPs
-    * Linear parts: 2 FLOPs per weight touched per token (one multiply-add):
-      attention q/k/v/o projections, Mamba/GDN in/out projections, dense MLPs,
-      and for MoE the router, the ``num_experts_per_tok`` routed experts and the
-      shared expert. The LM head and the embedding lookup are left out (prefill
-      computes logits for the last position only; the embedding is a gather),
-      as are norms, activations, RoPE and softmax (all O(hidden) per token).
-    * Attention scores: a query at absolute position ``p`` attends causally to
-      ``p + 1`` keys; QK^T and AV cost ``2 * heads * head_dim`` FLOPs each per
-      (query, key) pair, so ``4 * heads * head_dim`` per pair per attention layer.
-      Prefilling ``new`` tokens after ``context`` cached ones therefore costs
-      ``4 * heads * head_dim * (new * context + new * (new + 1) / 2)`` per layer.
-    * Short causal conv: ``2 * conv_kernel * conv_dim`` per token (depthwise
-      multiply-add over the kernel taps).
-    * Recurrent scan, in the recurrent (token-by-token) form:
-      Mamba1/Mamba2 ``h <- exp(dt*A) * h + dt * B x`` and ``y = C h`` cost about
-      6 FLOPs per state element per token (decay 1, input outer product 2,
-      accumulate 1, read-out multiply-add 2); the gated delta rule
-      ``S <- a*S; S <- S + b*k (v - S^T k)^T; o = S^T q`` about 7 (decay 1,
-      retrieval S^T k 2, rank-1 write 2, read-out 2). The chunked prefill kernels
-      (Mamba2 SSD, FLA chunked delta rule) do extra intra-chunk work of order
-      ``chunk_size`` per token that is not counted; the scan is a few percent of
-      a layer's projection FLOPs either way.
-
-State bytes
-    As SGLang allocates them (``python/sglang/srt/configs/mamba_utils.py``,
-    sgl-project/sglang @ 02e208ded6769bd3332cbdc6cf0da939f541514f,
-    ``mamba2_state_dtype`` / ``Mamba2StateShape``): per recurrent layer a conv
-    state of shape ``(conv_dim, conv_kernel - 1)`` in bf16
-    (``SGLANG_MAMBA_CONV_DTYPE`` default) and an SSM ("temporal") state of shape
-    ``(num_heads, head_dim, state_size)`` in **float32** (the default unless the
-    config sets ``mamba_ssm_dtype`` or ``SGLANG_MAMBA_SSM_DTYPE`` is set; none of
-    the three configs below sets it). Tensor parallelism splits these across
-    ranks; the profile counts the whole model (TP = 1). vLLM's default
-    (``mamba_ssm_cache_dtype="auto"``, i.e. the model dtype) would store the SSM
-    state in bf16, i.e. about half the bytes.
+State dtypes
+    The published models' states are counted as SGLang allocates them
+    (SGLang 0.5.15.post1 ``python/sglang/srt/configs/mamba_utils.py``
+    ``mamba2_state_dtype``): conv in bf16 (``SGLANG_MAMBA_CONV_DTYPE``
+    default), SSM in float32 unless the config sets ``mamba_ssm_dtype`` (none
+    of the three does). vLLM 0.33.0 keeps Nemotron-H's SSM state in float32
+    too (its NemotronH hook) but Qwen3-Next's and Jamba's at the model dtype,
+    bf16; ``vllm_state_dtypes`` says which. The engine presets keep every
+    state at the model dtype (float32), as the engine's pools do.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+
+from mambaradix.geometry import (
+    PRESETS as ENGINE_PRESETS,
+)
+from mambaradix.geometry import (
+    Geometry,
+    StateDtypes,
+    VllmBlock,
+    engine_state_dtypes,
+    figures,
+    layer_cost,
+    published,
+    sglang_state_dtypes,
+    vllm_block,
+)
+from mambaradix.geometry.configs import (
+    JAMBA_15_MINI_CONFIG,
+    MARCONI_7B_CONFIG,
+    NEMOTRON_H_8B_CONFIG,
+    QWEN3_NEXT_80B_A3B_CONFIG,
+)
 
 __all__ = [
     "JAMBA_15_MINI_CONFIG",
@@ -67,19 +67,13 @@ __all__ = [
     "QWEN3_NEXT_80B_A3B_CONFIG",
     "ModelProfile",
     "get_profile",
+    "profile_from_geometry",
 ]
 
-BF16 = 2
-FP16 = 2
-FP32 = 4
-
-MAMBA_SCAN_FLOPS_PER_STATE_ELEM = 6
-"""Recurrent-form Mamba1/Mamba2 scan FLOPs per SSM state element per token."""
-
-GDN_SCAN_FLOPS_PER_STATE_ELEM = 7
-"""Recurrent-form gated-delta-rule FLOPs per state element per token."""
-
 Derivation = tuple[tuple[str, int, str], ...]
+
+VLLM_KERNEL_ALIGNMENT = 16
+"""vLLM's attention kernel block alignment, used for hand-built profiles."""
 
 
 def _as_count(value: object, name: str) -> int:
@@ -104,13 +98,18 @@ class ModelProfile:
     ``F(context + new) - F(context)``: the linear part of the new tokens plus
     their scores against all ``context + new`` keys (for ``causal=False`` also
     the old queries against the new keys, as Marconi counts it).
+
+    Profiles of real models come from `profile_from_geometry`. A hand-built
+    profile (no ``geometry``) leaves the vLLM fields at 0 and gets them as
+    for a model of one attention and one recurrent layer: the block is
+    ``16 * cdiv(state_bytes, 16 * kv_bytes_per_token)`` tokens.
     """
 
     name: str
     source: str
     """Where each number comes from (URL / repo + commit + file), human-readable."""
     kv_bytes_per_token: int
-    """K and V of all attention layers for one token, at the engine's KV dtype."""
+    """K and V of all attention layers for one token, at the model's KV dtype."""
     state_bytes: int
     """One checkpoint: conv + SSM state of every recurrent layer."""
     linear_flops_per_token: int
@@ -121,6 +120,18 @@ class ModelProfile:
     notes: str = ""
     derivation: Derivation = ()
     """``(key, value, formula)`` of the intermediate numbers, for `describe`."""
+    vllm_block_tokens: int = 0
+    """vLLM's unified attention block in tokens ("align" mode; `geometry.vllm`)."""
+    vllm_all_block_tokens: int = 0
+    """The block under vLLM 0.20.0's ``mamba_cache_mode="all"``."""
+    vllm_state_bytes: int = 0
+    """One state as vLLM holds it: a padded page per recurrent layer."""
+    geometry: Geometry | None = None
+    """The layer list every number above was derived from (None if hand-built)."""
+    state_dtypes: StateDtypes | None = None
+    """The dtypes ``state_bytes`` counts the state in."""
+    vllm_state_dtypes: StateDtypes | None = None
+    """The dtypes vLLM keeps the state in (``vllm_state_bytes``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -130,8 +141,20 @@ class ModelProfile:
             "state_bytes",
             "linear_flops_per_token",
             "attn_flops_per_pair",
+            "vllm_block_tokens",
+            "vllm_all_block_tokens",
+            "vllm_state_bytes",
         ):
             _as_count(getattr(self, field_name), field_name)
+        if not self.vllm_block_tokens:
+            a = VLLM_KERNEL_ALIGNMENT
+            block = a * max(1, -(-self.state_bytes // (a * max(1, self.kv_bytes_per_token))))
+            object.__setattr__(self, "vllm_block_tokens", block)
+        if not self.vllm_all_block_tokens:
+            object.__setattr__(self, "vllm_all_block_tokens", self.vllm_block_tokens)
+        if not self.vllm_state_bytes:
+            padded = self.vllm_block_tokens * self.kv_bytes_per_token
+            object.__setattr__(self, "vllm_state_bytes", max(self.state_bytes, padded))
 
     def _pairs(self, length: int) -> int:
         return length * (length + 1) // 2 if self.causal else length * length
@@ -168,8 +191,8 @@ class ModelProfile:
         """The derived numbers, each as ``(value, formula)``.
 
         Contains the intermediate numbers of the derivation (layer counts,
-        per-layer bytes and FLOPs) followed by the profile's own fields and the
-        marginal prefill cost of one token at context 0 and 8192.
+        per-layer bytes and FLOPs, vLLM's pages) followed by the profile's own
+        fields and the marginal prefill cost of one token at context 0 and 8192.
         """
         out: dict[str, tuple[int, str]] = {
             key: (value, formula) for key, value, formula in self.derivation
@@ -183,6 +206,8 @@ class ModelProfile:
             f"sum over attention layers; F(L) = linear_flops_per_token*L"
             f" + attn_flops_per_pair*{pairs}",
         )
+        out["vllm_block_tokens"] = (self.vllm_block_tokens, "vLLM's unified block (align mode)")
+        out["vllm_state_bytes"] = (self.vllm_state_bytes, "recurrent layers x padded page")
         for ctx in (0, 8192):
             out[f"flops_per_token_at_context_{ctx}"] = (
                 self._prefill(ctx, 1),
@@ -192,399 +217,83 @@ class ModelProfile:
 
 
 # ---------------------------------------------------------------------------
-# Config values, copied from the published config.json files
+# From a geometry
 # ---------------------------------------------------------------------------
 
-NEMOTRON_H_8B_CONFIG: dict[str, int | str] = {
-    "num_hidden_layers": 52,
-    "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
-    "hidden_size": 4096,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "attention_head_dim": 128,
-    "mamba_num_heads": 128,
-    "mamba_head_dim": 64,
-    "ssm_state_size": 128,
-    "n_groups": 8,
-    "conv_kernel": 4,
-    "expand": 2,
-    "intermediate_size": 21504,  # relu2 MLP, not gated (mlp_hidden_act "relu2")
+_FIGURE = {
+    "kv_bytes_per_token": "kv_bytes_per_token",
+    "state_bytes": "state_bytes",
+    "linear_flops_per_token": "linear_flops_per_token",
+    "flops_per_pair": "attn_flops_per_pair",
 }
-_NEMOTRON_H_8B_SOURCE = (
-    "nvidia/Nemotron-H-8B-Base-8K config.json "
-    "(https://huggingface.co/nvidia/Nemotron-H-8B-Base-8K/blob/main/config.json), values as "
-    "transcribed in NVIDIA-NeMo/Megatron-Bridge @ 03c781b8662d87b0522d402f2bcbb30bc928f9c9 "
-    "tests/unit_tests/models/nemotronh/test_nemotron_h_bridge.py (fixture "
-    "nemotronh_8b_config_dict): num_hidden_layers 52, hybrid_override_pattern "
-    "(24 M, 4 *, 24 -), hidden_size 4096, num_attention_heads 32, num_key_value_heads 8, "
-    "attention_head_dim 128, mamba_num_heads 128, mamba_head_dim 64, ssm_state_size 128, "
-    "n_groups 8, conv_kernel 4, expand 2, intermediate_size 21504 (relu2, no gate), "
-    "torch_dtype bfloat16, no mamba_ssm_dtype. State dtypes: SGLang mamba_utils.py "
-    "(sgl-project/sglang @ 02e208ded6769bd3332cbdc6cf0da939f541514f): conv bf16, ssm fp32."
-)
-
-QWEN3_NEXT_80B_A3B_CONFIG: dict[str, int | str] = {
-    "num_hidden_layers": 48,
-    "full_attention_interval": 4,
-    "hidden_size": 2048,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 2,
-    "head_dim": 256,
-    "linear_num_key_heads": 16,
-    "linear_num_value_heads": 32,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-    "linear_conv_kernel_dim": 4,
-    "num_experts": 512,
-    "num_experts_per_tok": 10,
-    "moe_intermediate_size": 512,
-    "shared_expert_intermediate_size": 512,
-    "decoder_sparse_step": 1,  # with mlp_only_layers [] every layer is MoE
-}
-_QWEN3_NEXT_SOURCE = (
-    "Qwen/Qwen3-Next-80B-A3B-Instruct config.json "
-    "(https://huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct/blob/main/config.json), values as "
-    "transcribed in NVIDIA-NeMo/Megatron-Bridge @ 00d5e5f66f99fb4ae1749c437667b868b31b68bf "
-    "tests/unit_tests/models/qwen/test_qwen3_next_bridge.py (fixture "
-    "qwen3_next_80b_a3b_config_dict): num_hidden_layers 48, full_attention_interval 4 "
-    "(layer i is full attention iff (i+1) % 4 == 0: 12 attention, 36 Gated DeltaNet), "
-    "hidden_size 2048, num_attention_heads 16, num_key_value_heads 2, head_dim 256, "
-    "linear_num_key_heads 16, linear_num_value_heads 32, linear_key_head_dim 128, "
-    "linear_value_head_dim 128, linear_conv_kernel_dim 4, num_experts 512, "
-    "num_experts_per_tok 10, moe_intermediate_size 512, shared_expert_intermediate_size 512, "
-    "decoder_sparse_step 1, mlp_only_layers [], torch_dtype bfloat16, no mamba_ssm_dtype. "
-    "Gated attention (q_proj emits query and output gate, 2*heads*head_dim) per the "
-    "transformers Qwen3NextAttention / Megatron-Bridge attention_output_gate=True. "
-    "State dtypes: SGLang mamba_utils.py (sgl-project/sglang @ "
-    "02e208ded6769bd3332cbdc6cf0da939f541514f): conv bf16, ssm fp32."
-)
-
-JAMBA_15_MINI_CONFIG: dict[str, int | str] = {
-    "num_hidden_layers": 32,
-    "attn_layer_period": 8,
-    "attn_layer_offset": 4,
-    "expert_layer_period": 2,
-    "expert_layer_offset": 1,
-    "hidden_size": 4096,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "intermediate_size": 14336,  # SwiGLU (gate, up, down) for the dense MLP and each expert
-    "num_experts": 16,
-    "num_experts_per_tok": 2,
-    "mamba_d_state": 16,
-    "mamba_d_conv": 4,
-    "mamba_expand": 2,
-    "mamba_dt_rank": 256,
-}
-_JAMBA_SOURCE = (
-    "ai21labs/AI21-Jamba-1.5-Mini config.json "
-    "(https://huggingface.co/ai21labs/AI21-Jamba-1.5-Mini/blob/main/config.json), values as "
-    "transcribed in sdpython/experimental-experiment @ 04097e3040047505e7cac0c2c9040ff294fdd980 "
-    "experimental_experiment/torch_models/llm_model_helper.py (get_ai21_jamba_15_mini): "
-    "num_hidden_layers 32, attn_layer_period 8 / offset 4 (attention at layers 4, 12, 20, 28), "
-    "expert_layer_period 2 / offset 1 (16 MoE layers, 16 dense), hidden_size 4096, "
-    "num_attention_heads 32, num_key_value_heads 8 (head_dim 4096/32 = 128), "
-    "intermediate_size 14336 (SwiGLU), num_experts 16, num_experts_per_tok 2, "
-    "mamba_d_state 16, mamba_d_conv 4, mamba_expand 2, mamba_dt_rank 256 (Mamba1), "
-    "torch_dtype bfloat16. Same layout in ai21labs/Jamba-v0.1 config.json. State dtypes: the "
-    "SGLang convention (conv bf16, ssm fp32, sgl-project/sglang @ "
-    "02e208ded6769bd3332cbdc6cf0da939f541514f mamba_utils.py) applied to Mamba1 shapes "
-    "conv (d_inner, d_conv - 1), ssm (d_inner, d_state); vLLM's default would keep ssm in bf16."
-)
-
-MARCONI_7B_CONFIG: dict[str, int | str] = {
-    "d_model": 4096,
-    "d_state": 128,
-    "attention_layers": 4,
-    "ssm_layers": 24,
-    "mlp_layers": 28,
-    "conv_kernel": 4,
-    "expand": 2,
-    "bytes_per_elem": FP16,
-}
-_MARCONI_SOURCE = (
-    "Marconi (Pan et al., MLSys'25, arXiv 2411.19379) released simulator, "
-    "github.com/ruipeterpan/marconi utils.py: get_attn_flops 8*L*D^2 + 4*L^2*D, "
-    "get_mlp_flops 16*L*D^2, get_mamba1_flops 12*L*D^2 + 16*L*D*N + 10*L*D (camera-ready "
-    "version; the submission used 10*L), get_kvs_size 2*L*D*2, get_mamba_state_size "
-    "D*N*2 + (expand*D + 2*N)*conv_kernel*2; model layout 4 attention / 24 SSM / 28 MLP, "
-    "D = 4096, N = 128, fp16 (paper §5, NVIDIA's Attention-Mamba2 hybrid, arXiv 2406.07887). "
-    "See /work/shared/docs/peers.md §2.2 and §2.4."
-)
 
 
-def _i(cfg: dict[str, int | str], key: str) -> int:
-    value = cfg[key]
-    if not isinstance(value, int):
-        raise TypeError(f"config value {key!r} must be an int, got {value!r}")
-    return value
-
-
-# ---------------------------------------------------------------------------
-# Builders
-# ---------------------------------------------------------------------------
-
-
-def _nemotron_h_8b() -> ModelProfile:
-    """nvidia/Nemotron-H-8B-Base-8K: Mamba2 (M), attention (*) and relu2 MLP (-) layers.
-
-    Cross-check: the matmul weights counted here (24 Mamba2 + 4 attention + 24
-    MLP layers = 7,025,459,200) plus the two 131072 x 4096 embedding matrices
-    give 8.10e9, the model's published 8B size.
-    """
-    c = NEMOTRON_H_8B_CONFIG
-    pattern = c["hybrid_override_pattern"]
-    assert isinstance(pattern, str) and len(pattern) == _i(c, "num_hidden_layers")
-    n_mamba, n_attn, n_mlp = pattern.count("M"), pattern.count("*"), pattern.count("-")
-    hidden = _i(c, "hidden_size")
-    heads, kv_heads, head_dim = (
-        _i(c, "num_attention_heads"),
-        _i(c, "num_key_value_heads"),
-        _i(c, "attention_head_dim"),
-    )
-    m_heads, m_head_dim, n_state = (
-        _i(c, "mamba_num_heads"),
-        _i(c, "mamba_head_dim"),
-        _i(c, "ssm_state_size"),
-    )
-    groups, kernel, ffn = _i(c, "n_groups"), _i(c, "conv_kernel"), _i(c, "intermediate_size")
-    d_inner = m_heads * m_head_dim
-    assert d_inner == _i(c, "expand") * hidden
-    conv_dim = d_inner + 2 * groups * n_state
-    in_proj = hidden * (2 * d_inner + 2 * groups * n_state + m_heads)
-    out_proj = d_inner * hidden
-    ssm_elems = m_heads * m_head_dim * n_state
-    mamba_flops = (
-        2 * (in_proj + out_proj)
-        + 2 * kernel * conv_dim
-        + MAMBA_SCAN_FLOPS_PER_STATE_ELEM * ssm_elems
-    )
-    mamba_state = conv_dim * (kernel - 1) * BF16 + ssm_elems * FP32
-    attn_params = hidden * (heads * head_dim + 2 * kv_heads * head_dim) + heads * head_dim * hidden
-    attn_pair = 4 * heads * head_dim
-    kv_layer = 2 * kv_heads * head_dim * BF16
-    mlp_flops = 2 * (2 * hidden * ffn)
-    derivation: Derivation = (
-        ("mamba_layers", n_mamba, "count of 'M' in hybrid_override_pattern"),
-        ("attention_layers", n_attn, "count of '*'"),
-        ("mlp_layers", n_mlp, "count of '-'"),
-        ("mamba_d_inner", d_inner, "mamba_num_heads*mamba_head_dim (= expand*hidden)"),
-        ("mamba_conv_dim", conv_dim, "d_inner + 2*n_groups*ssm_state_size"),
-        ("mamba_in_proj_params", in_proj, "hidden*(2*d_inner + 2*n_groups*N + mamba_num_heads)"),
-        ("mamba_out_proj_params", out_proj, "d_inner*hidden"),
-        ("mamba_ssm_state_elems", ssm_elems, "mamba_num_heads*mamba_head_dim*N"),
+def _derivation(geom: Geometry, dtypes: StateDtypes, vb: VllmBlock) -> Derivation:
+    """Layer counts and each distinct layer's figures, then vLLM's pages."""
+    groups = Counter(geom.layers)
+    per_kind = Counter(layer.kind for layer in groups)
+    seen: Counter[str] = Counter()
+    out: list[tuple[str, int, str]] = []
+    for layer, count in groups.items():
+        seen[layer.kind] += 1
+        key = layer.kind if per_kind[layer.kind] == 1 else f"{layer.kind}{seen[layer.kind]}"
+        out.append((f"{key}_layers", count, f"{layer!r}"))
+        cost = layer_cost(layer, geom, dtypes)
+        for figure, formula in cost.formulas:
+            out.append((f"{key}_{figure}_per_layer", getattr(cost, _FIGURE[figure]), formula))
+    page = f"MambaSpec; {vb.dtypes.rule}"
+    if geom.accounting == "marconi":
+        page = "Marconi's get_mamba_state_size"
+    out += [
         (
-            "mamba_flops_per_token_per_layer",
-            mamba_flops,
-            "2*(in_proj+out_proj) + 2*conv_kernel*conv_dim + 6*ssm_state_elems",
+            "vllm_attention_page_bytes_per_token_per_layer",
+            vb.attention_page_per_token,
+            "FullAttentionSpec(block_size=1).page_size_bytes",
+        ),
+        ("vllm_mamba_page_bytes_per_layer", vb.mamba_page, page),
+        (
+            "vllm_block_alignment",
+            vb.alignment,
+            "kernel block alignment (lcm GDN checkpoint grid in align mode)",
         ),
         (
-            "mamba_state_bytes_per_layer",
-            mamba_state,
-            "conv_dim*(conv_kernel-1)*2 [bf16] + ssm_state_elems*4 [fp32]",
+            "vllm_all_block_tokens",
+            vb.all_mode_tokens,
+            "vLLM 0.20.0 mamba_cache_mode='all': lcm(chunk, 16)-aligned"
+            if vb.all_mode_supported
+            else "no 'all' mode for this model: vLLM falls back to align",
         ),
-        ("attention_params_per_layer", attn_params, "hidden*(H*dh + 2*KV*dh) + H*dh*hidden"),
-        ("attention_linear_flops_per_token_per_layer", 2 * attn_params, "2*params"),
-        ("attention_flops_per_pair_per_layer", attn_pair, "4*H*dh (QK^T + AV)"),
-        ("kv_bytes_per_token_per_layer", kv_layer, "2*KV*dh*2 [bf16]"),
-        ("mlp_flops_per_token_per_layer", mlp_flops, "2*(2*hidden*intermediate_size) (relu2)"),
-    )
+    ]
+    return tuple(out)
+
+
+def profile_from_geometry(
+    geom: Geometry, state_dtypes: StateDtypes | None = None, notes: str = ""
+) -> ModelProfile:
+    """The profile of `geom`, states counted at `state_dtypes` (SGLang's by default)."""
+    dtypes = state_dtypes if state_dtypes is not None else sglang_state_dtypes(geom)
+    figs = figures(geom, dtypes)
+    vb = vllm_block(geom)
     return ModelProfile(
-        name="nemotron-h-8b",
-        source=_NEMOTRON_H_8B_SOURCE,
-        kv_bytes_per_token=n_attn * kv_layer,
-        state_bytes=n_mamba * mamba_state,
-        linear_flops_per_token=n_mamba * mamba_flops + n_attn * 2 * attn_params + n_mlp * mlp_flops,
-        attn_flops_per_pair=n_attn * attn_pair,
-        notes="Scan FLOPs in recurrent form (6 per state element); SSD intra-chunk work omitted.",
-        derivation=derivation,
+        name=geom.name,
+        source=f"{geom.source} State dtypes: {dtypes.rule}; {vb.dtypes.rule}.",
+        kv_bytes_per_token=figs.kv_bytes_per_token,
+        state_bytes=figs.state_bytes,
+        linear_flops_per_token=figs.linear_flops_per_token,
+        attn_flops_per_pair=figs.attn_flops_per_pair,
+        causal=figs.causal,
+        notes=notes,
+        derivation=_derivation(geom, dtypes, vb),
+        vllm_block_tokens=vb.tokens,
+        vllm_all_block_tokens=vb.all_mode_tokens,
+        vllm_state_bytes=vb.state_bytes,
+        geometry=geom,
+        state_dtypes=dtypes,
+        vllm_state_dtypes=vb.dtypes,
     )
 
 
-def _qwen3_next_80b_a3b() -> ModelProfile:
-    """Qwen/Qwen3-Next-80B-A3B-Instruct: 36 Gated DeltaNet + 12 gated attention, MoE FFN.
-
-    The MTP head (used only for speculative decoding) is not counted.
-    """
-    c = QWEN3_NEXT_80B_A3B_CONFIG
-    layers, interval = _i(c, "num_hidden_layers"), _i(c, "full_attention_interval")
-    n_attn = sum(1 for i in range(layers) if (i + 1) % interval == 0)
-    n_gdn = layers - n_attn
-    hidden = _i(c, "hidden_size")
-    heads, kv_heads, head_dim = (
-        _i(c, "num_attention_heads"),
-        _i(c, "num_key_value_heads"),
-        _i(c, "head_dim"),
-    )
-    k_heads, v_heads = _i(c, "linear_num_key_heads"), _i(c, "linear_num_value_heads")
-    dk, dv, kernel = (
-        _i(c, "linear_key_head_dim"),
-        _i(c, "linear_value_head_dim"),
-        _i(c, "linear_conv_kernel_dim"),
-    )
-    key_dim, value_dim = k_heads * dk, v_heads * dv
-    conv_dim = 2 * key_dim + value_dim
-    gdn_params = hidden * (2 * key_dim + 2 * value_dim) + hidden * 2 * v_heads + value_dim * hidden
-    gdn_elems = v_heads * dk * dv
-    gdn_flops = 2 * gdn_params + 2 * kernel * conv_dim + GDN_SCAN_FLOPS_PER_STATE_ELEM * gdn_elems
-    gdn_state = conv_dim * (kernel - 1) * BF16 + gdn_elems * FP32
-    attn_params = (
-        hidden * (2 * heads * head_dim + 2 * kv_heads * head_dim) + heads * head_dim * hidden
-    )
-    attn_pair = 4 * heads * head_dim
-    kv_layer = 2 * kv_heads * head_dim * BF16
-    experts, top_k = _i(c, "num_experts"), _i(c, "num_experts_per_tok")
-    moe_ffn, shared_ffn = _i(c, "moe_intermediate_size"), _i(c, "shared_expert_intermediate_size")
-    moe_params = (
-        hidden * experts  # router
-        + top_k * 3 * hidden * moe_ffn  # routed SwiGLU experts
-        + 3 * hidden * shared_ffn  # shared expert
-        + hidden  # shared_expert_gate
-    )
-    derivation: Derivation = (
-        ("attention_layers", n_attn, "layers i with (i+1) % full_attention_interval == 0"),
-        ("gdn_layers", n_gdn, "num_hidden_layers - attention_layers"),
-        ("gdn_key_dim", key_dim, "linear_num_key_heads*linear_key_head_dim"),
-        ("gdn_value_dim", value_dim, "linear_num_value_heads*linear_value_head_dim"),
-        ("gdn_conv_dim", conv_dim, "2*key_dim + value_dim (conv over q, k, v)"),
-        (
-            "gdn_params_per_layer",
-            gdn_params,
-            "hidden*(2*key_dim+2*value_dim) [in_proj_qkvz] + hidden*2*v_heads [in_proj_ba]"
-            " + value_dim*hidden [out_proj]",
-        ),
-        ("gdn_ssm_state_elems", gdn_elems, "linear_num_value_heads*dk*dv"),
-        (
-            "gdn_flops_per_token_per_layer",
-            gdn_flops,
-            "2*params + 2*conv_kernel*conv_dim + 7*ssm_state_elems",
-        ),
-        (
-            "gdn_state_bytes_per_layer",
-            gdn_state,
-            "conv_dim*(conv_kernel-1)*2 [bf16] + ssm_state_elems*4 [fp32]",
-        ),
-        (
-            "attention_params_per_layer",
-            attn_params,
-            "hidden*(2*H*dh [q+gate] + 2*KV*dh) + H*dh*hidden",
-        ),
-        ("attention_flops_per_pair_per_layer", attn_pair, "4*H*dh (QK^T + AV)"),
-        ("kv_bytes_per_token_per_layer", kv_layer, "2*KV*dh*2 [bf16]"),
-        (
-            "moe_active_params_per_layer",
-            moe_params,
-            "hidden*num_experts + top_k*3*hidden*moe_ffn + 3*hidden*shared_ffn + hidden",
-        ),
-        ("moe_flops_per_token_per_layer", 2 * moe_params, "2*active params"),
-    )
-    return ModelProfile(
-        name="qwen3-next-80b-a3b",
-        source=_QWEN3_NEXT_SOURCE,
-        kv_bytes_per_token=n_attn * kv_layer,
-        state_bytes=n_gdn * gdn_state,
-        linear_flops_per_token=(
-            n_gdn * gdn_flops + n_attn * 2 * attn_params + layers * 2 * moe_params
-        ),
-        attn_flops_per_pair=n_attn * attn_pair,
-        notes="Scan FLOPs in recurrent form (7 per state element); chunked-kernel extra omitted.",
-        derivation=derivation,
-    )
-
-
-def _jamba_15_mini() -> ModelProfile:
-    """ai21labs/AI21-Jamba-1.5-Mini: 28 Mamba1 + 4 attention layers, MoE every other layer.
-
-    This is also the model whose profiled TTFT Marconi's simulator uses
-    (``data/ttft_AI21-Jamba-1.5-Mini.pickle``, peers.md §2.3).
-    """
-    c = JAMBA_15_MINI_CONFIG
-    layers = _i(c, "num_hidden_layers")
-    a_per, a_off = _i(c, "attn_layer_period"), _i(c, "attn_layer_offset")
-    e_per, e_off = _i(c, "expert_layer_period"), _i(c, "expert_layer_offset")
-    n_attn = sum(1 for i in range(layers) if i % a_per == a_off)
-    n_mamba = layers - n_attn
-    n_moe = sum(1 for i in range(layers) if i % e_per == e_off)
-    n_dense = layers - n_moe
-    hidden, heads, kv_heads = (
-        _i(c, "hidden_size"),
-        _i(c, "num_attention_heads"),
-        _i(c, "num_key_value_heads"),
-    )
-    head_dim = hidden // heads
-    ffn, experts, top_k = (
-        _i(c, "intermediate_size"),
-        _i(c, "num_experts"),
-        _i(c, "num_experts_per_tok"),
-    )
-    n_state, kernel, dt_rank = _i(c, "mamba_d_state"), _i(c, "mamba_d_conv"), _i(c, "mamba_dt_rank")
-    d_inner = _i(c, "mamba_expand") * hidden
-    mamba_params = (
-        hidden * 2 * d_inner  # in_proj (x, z)
-        + d_inner * (dt_rank + 2 * n_state)  # x_proj (dt, B, C)
-        + dt_rank * d_inner  # dt_proj
-        + d_inner * hidden  # out_proj
-    )
-    ssm_elems = d_inner * n_state
-    mamba_flops = (
-        2 * mamba_params + 2 * kernel * d_inner + MAMBA_SCAN_FLOPS_PER_STATE_ELEM * ssm_elems
-    )
-    mamba_state = d_inner * (kernel - 1) * BF16 + ssm_elems * FP32
-    attn_params = hidden * (heads * head_dim + 2 * kv_heads * head_dim) + heads * head_dim * hidden
-    attn_pair = 4 * heads * head_dim
-    kv_layer = 2 * kv_heads * head_dim * BF16
-    mlp_params = 3 * hidden * ffn
-    moe_params = hidden * experts + top_k * mlp_params
-    derivation: Derivation = (
-        ("attention_layers", n_attn, "layers i with i % attn_layer_period == attn_layer_offset"),
-        ("mamba_layers", n_mamba, "num_hidden_layers - attention_layers"),
-        ("moe_layers", n_moe, "layers i with i % expert_layer_period == expert_layer_offset"),
-        ("dense_mlp_layers", n_dense, "num_hidden_layers - moe_layers"),
-        ("mamba_d_inner", d_inner, "mamba_expand*hidden"),
-        (
-            "mamba_params_per_layer",
-            mamba_params,
-            "hidden*2*d_inner + d_inner*(dt_rank+2*N) + dt_rank*d_inner + d_inner*hidden",
-        ),
-        ("mamba_ssm_state_elems", ssm_elems, "d_inner*mamba_d_state"),
-        (
-            "mamba_flops_per_token_per_layer",
-            mamba_flops,
-            "2*params + 2*d_conv*d_inner + 6*ssm_state_elems",
-        ),
-        (
-            "mamba_state_bytes_per_layer",
-            mamba_state,
-            "d_inner*(d_conv-1)*2 [bf16] + ssm_state_elems*4 [fp32]",
-        ),
-        ("attention_params_per_layer", attn_params, "hidden*(H*dh + 2*KV*dh) + H*dh*hidden"),
-        ("attention_flops_per_pair_per_layer", attn_pair, "4*H*dh (QK^T + AV)"),
-        ("kv_bytes_per_token_per_layer", kv_layer, "2*KV*dh*2 [bf16]"),
-        ("dense_mlp_flops_per_token_per_layer", 2 * mlp_params, "2*3*hidden*intermediate_size"),
-        (
-            "moe_flops_per_token_per_layer",
-            2 * moe_params,
-            "2*(hidden*num_experts + top_k*3*hidden*intermediate_size)",
-        ),
-    )
-    return ModelProfile(
-        name="jamba-1.5-mini",
-        source=_JAMBA_SOURCE,
-        kv_bytes_per_token=n_attn * kv_layer,
-        state_bytes=n_mamba * mamba_state,
-        linear_flops_per_token=(
-            n_mamba * mamba_flops
-            + n_attn * 2 * attn_params
-            + n_dense * 2 * mlp_params
-            + n_moe * 2 * moe_params
-        ),
-        attn_flops_per_pair=n_attn * attn_pair,
-        notes="Scan FLOPs in recurrent form (6 per state element).",
-        derivation=derivation,
-    )
-
-
-def _marconi_7b() -> ModelProfile:
+def _marconi_7b(geom: Geometry) -> ModelProfile:
     """Marconi's 7B Attention-Mamba2 layout, with its simulator's accounting verbatim.
 
     Per layer, for a sequence of ``L`` tokens (``D`` = d_model, ``N`` = d_state)::
@@ -597,7 +306,9 @@ def _marconi_7b() -> ModelProfile:
     giving 4*2*D*2 = 65,536 KV bytes per token and
     24*(D*N*2 + (2D+2N)*8) = 26,787,840 bytes (about 26.8 MB) per checkpoint.
     ``flops_saved(hit, total)`` is the sum of the per-layer formulas at ``L = hit``,
-    as Marconi credits a hit.
+    as Marconi credits a hit. vLLM's block is vLLM's rule applied to this
+    accounting's pages (2*D*2 bytes per token per attention layer, the state
+    above per Mamba layer): 16 * cdiv(1,116,160, 16 * 16,384) = 80 tokens.
 
     Where this accounting departs from the real model (kept on purpose, for
     comparability with Marconi's numbers):
@@ -619,51 +330,42 @@ def _marconi_7b() -> ModelProfile:
       is ``4*D*(2c+1)`` per layer, about twice the causal count. Hence
       ``causal=False`` here.
     * MLP ``16*L*D^2`` assumes a non-gated ``4D`` FFN.
-    * The simulator's eviction scoring (``radix_cache_hybrid.py``) credits MLP
-      savings with ``get_attn_flops`` instead of ``get_mlp_flops`` (peers.md
-      §2.4 item 4); this profile uses the MLP formula, i.e. the intended value.
+    * The simulator's eviction scoring (``radix_cache_hybrid.py`` in
+      github.com/ruipeterpan/marconi) credits MLP savings with
+      ``get_attn_flops`` instead of ``get_mlp_flops``; this profile uses the
+      MLP formula, i.e. the intended value.
     """
-    c = MARCONI_7B_CONFIG
-    d, n = _i(c, "d_model"), _i(c, "d_state")
-    n_attn, n_ssm, n_mlp = _i(c, "attention_layers"), _i(c, "ssm_layers"), _i(c, "mlp_layers")
-    kernel, expand, elem = _i(c, "conv_kernel"), _i(c, "expand"), _i(c, "bytes_per_elem")
-    kv_layer = 2 * d * elem
-    state_layer = d * n * elem + (expand * d + 2 * n) * kernel * elem
-    attn_linear = 8 * d * d
-    attn_pair = 4 * d
-    mlp = 16 * d * d
-    mamba = 12 * d * d + 16 * d * n + 10 * d
-    derivation: Derivation = (
-        ("attention_layers", n_attn, "Marconi 7B layout"),
-        ("ssm_layers", n_ssm, "Marconi 7B layout"),
-        ("mlp_layers", n_mlp, "Marconi 7B layout"),
-        ("kv_bytes_per_token_per_layer", kv_layer, "get_kvs_size(1, D) = 2*D*2"),
-        (
-            "state_bytes_per_ssm_layer",
-            state_layer,
-            "get_mamba_state_size(D, N) = D*N*2 + (2*D + 2*N)*4*2",
-        ),
-        ("attention_linear_flops_per_token_per_layer", attn_linear, "8*D^2 (of 8*L*D^2)"),
-        ("attention_L2_coefficient_per_layer", attn_pair, "4*D (of 4*L^2*D)"),
-        ("mlp_flops_per_token_per_layer", mlp, "16*D^2"),
-        ("mamba_flops_per_token_per_layer", mamba, "12*D^2 + 16*D*N + 10*D"),
-    )
-    return ModelProfile(
-        name="marconi-7b",
-        source=_MARCONI_SOURCE,
-        kv_bytes_per_token=n_attn * kv_layer,
-        state_bytes=n_ssm * state_layer,
-        linear_flops_per_token=n_attn * attn_linear + n_mlp * mlp + n_ssm * mamba,
-        attn_flops_per_pair=n_attn * attn_pair,
-        causal=False,
+    fp16 = StateDtypes(geom.dtype, geom.dtype, "Marconi accounting: fp16 throughout")
+    return profile_from_geometry(
+        geom,
+        fp16,
         notes="Marconi simulator accounting (fp16, full-square attention); see _marconi_7b.",
-        derivation=derivation,
     )
 
 
-PROFILES: dict[str, ModelProfile] = {
-    p.name: p for p in (_nemotron_h_8b(), _qwen3_next_80b_a3b(), _jamba_15_mini(), _marconi_7b())
+_NOTES = {
+    "nemotron-h-8b": "Scan FLOPs in recurrent form (6 per state element); SSD intra-chunk "
+    "work omitted.",
+    "qwen3-next-80b-a3b": "Scan FLOPs in recurrent form (7 per state element); chunked-kernel "
+    "extra omitted.",
+    "jamba-1.5-mini": "Scan FLOPs in recurrent form (6 per state element).",
 }
+
+
+def _profiles() -> dict[str, ModelProfile]:
+    out: dict[str, ModelProfile] = {}
+    for name, geom in published().items():
+        if geom.accounting == "marconi":
+            out[name] = _marconi_7b(geom)
+        else:
+            out[name] = profile_from_geometry(geom, notes=_NOTES.get(name, ""))
+    for name, preset in ENGINE_PRESETS.items():
+        geom = preset.geometry
+        out[name] = profile_from_geometry(geom, engine_state_dtypes(geom), "engine preset")
+    return out
+
+
+PROFILES: dict[str, ModelProfile] = _profiles()
 """Profiles by CLI key."""
 
 

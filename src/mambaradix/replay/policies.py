@@ -125,26 +125,20 @@ class SGLangUsed(SGLang):
     compat = None
 
 
-def vllm_block_tokens(profile: ModelProfile) -> int:
-    """vLLM's attention block: padded up to one state's bytes, a multiple of 16."""
-    tokens = -(-profile.state_bytes // profile.kv_bytes_per_token)
-    return -(-tokens // 16) * 16
-
-
 class VLLM(Policy):
     """vLLM's "align" mode: states only at block boundaries: the last boundary
     a prefill step reaches and every boundary decoding crosses; no partial
-    block is cached (no finish insert). The block is the attention block vLLM
-    pads up to one state's bytes (page-size unification). Departure: our
-    scheduler's chunks are not block aligned, so a chunk's state is taken at
-    the last block boundary inside it (a stop there)."""
+    block is cached (no finish insert). The block is vLLM's unified block, per
+    layer as vLLM computes it (`ModelProfile.vllm_block_tokens`). Departure:
+    our scheduler's chunks are not block aligned, so a chunk's state is taken
+    at the last block boundary inside it (a stop there)."""
 
     name = "vllm"
     finish_insert = False
 
     def attach(self, ctx: PolicyContext) -> None:
         super().attach(ctx)
-        self.block_units = max(1, -(-vllm_block_tokens(ctx.profile) // ctx.unit_tokens))
+        self.block_units = max(1, -(-ctx.profile.vllm_block_tokens // ctx.unit_tokens))
         self.decode_interval = self.block_units
 
     def stops(self, req: Request) -> list[int]:
@@ -420,7 +414,6 @@ __all__ = [
     "SGLangUsed",
     "VLLM",
     "make_policy",
-    "vllm_block_tokens",
 ]
 
 
