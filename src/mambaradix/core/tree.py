@@ -105,7 +105,8 @@ class MambaRadixCache:
         self._held_kv: set[int] = set()  # every KV index the tree owns (a split moves none)
 
     def reset(self) -> EvictResult:
-        """Empty the tree and return everything it owned (the caller frees it).
+        """Empty the tree and return everything it owned (the caller frees it) in
+        `freed_kv` / `freed_states`; both counts are 0 (nothing was evicted).
 
         Raises RuntimeError while any lock is held (receipts would dangle)."""
         if self._protected[KV] or self._protected[STATE]:
@@ -417,7 +418,8 @@ class MambaRadixCache:
     def evict(self, kv_tokens: int = 0, states: int = 0) -> EvictResult:
         """Free at least `kv_tokens` KV tokens (whole unlocked leaves, LRU first),
         then at least `states` states (any unlocked state, LRU first), or as
-        much as is evictable. Returns what the caller must free."""
+        much as is evictable. Returns what the caller must free, and what each
+        phase counted (see `EvictResult`)."""
         want_kv = _count(kv_tokens, "kv_tokens")
         want_states = _count(states, "states")
         freed_kv: array[int] = array("q")
