@@ -20,6 +20,11 @@ slots the caller must free. Two behaviours share this code:
   receipts that record what was locked (#27147).
 * `compat="sglang"`: the decisions of SGLang 0.5.15.post1's MambaRadixCache,
   including split-on-match and refreshing the whole matched path in both lists.
+
+Both refuse bad input that upstream accepts, among it an `insert` whose KV
+indices the tree already holds or that repeat one (upstream would hold an index
+twice, or hand a cached one back to be freed); on valid input compat="sglang"
+decides exactly as upstream.
 """
 
 from __future__ import annotations
@@ -102,7 +107,7 @@ class MambaRadixCache:
         self._evictable = [0, 0]  # indexed by Resource: KV tokens, states
         self._protected = [0, 0]
         self._held_states: set[int] = set()  # every state slot the tree owns
-        self._held_kv: set[int] = set()  # every KV index the tree owns (a split moves none)
+        self._held_kv: set[int] = set()  # every KV index the tree owns (a split changes none)
 
     def reset(self) -> EvictResult:
         """Empty the tree and return everything it owned (the caller frees it) in
