@@ -163,6 +163,109 @@ def test_insert_rejects_kv_of_wrong_type(tree: Populated, kv: Any) -> None:
     assert_rejected(tree.cache, lambda: tree.cache.insert(key, kv, 77), TypeError, "kv_indices")
 
 
+def own_kv(cache: MambaRadixCache, key: list[int], ns: Any = None) -> list[int]:
+    """The tree's KV indices for cached `key`, read without touching the tree (peek)."""
+    node = cache.peek(key, extra_key=ns)
+    assert node is not None, f"{key} is not cached"
+    out: list[int] = []
+    while node.parent is not None:
+        out[:0] = node.value
+        node = node.parent
+    return out
+
+
+def held_elsewhere(tree: Populated) -> int:
+    """A KV index the tree holds on a path other than `other_key`'s (in the locked node)."""
+    return int(tree.locked.value[0])
+
+
+@pytest.mark.parametrize("where", ["new-part", "duplicate-part", "past-the-cached-prefix"])
+def test_insert_rejects_kv_index_the_tree_holds(tree: Populated, where: str) -> None:
+    """The tree takes kv_indices[prefix_len:] and hands back [prev_prefix_len,
+    prefix_len) for the caller to free: an index the tree holds in either part would
+    end up held twice, or freed while cached. `other_key` is cached (prefix_len = 4
+    pages here), `extra` two more pages."""
+    cache, page = tree.cache, tree.page
+    cached, extra = tree.other_key, [7] * page + [8] * page
+    key = cached + extra
+    own, held = own_kv(cache, cached), held_elsewhere(tree)
+    assert held not in own
+    kv = own + fresh_kv(len(extra))
+    if where == "new-part":  # a scheduler's call with one bad fresh index
+        prev, at = len(cached), len(cached) + page
+        msg = "positions from prev_prefix_len"
+    elif where == "duplicate-part":  # the caller's own copy of cached KV holds a tree index
+        prev, at = page, 2 * page
+        kv = own[:prev] + fresh_kv(len(key) - prev)
+        msg = "positions from prev_prefix_len"
+    else:  # the caller claims more is cached than is: [prefix_len, prev) is taken, checked
+        prev, at = len(key), len(cached)
+        msg = f"cached only up to {len(cached)} tokens"
+    kv[at] = held
+    want = rf"^kv_indices\[{at}\] = {held} is already held by the tree.*{msg}"
+    call = lambda: cache.insert(key, kv, 77, prev_prefix_len=prev)  # noqa: E731
+    assert_rejected(cache, call, ValueError, want)
+
+
+def test_insert_rejects_the_trees_own_indices_without_prev_prefix_len(tree: Populated) -> None:
+    """The classic slip: the matched (tree-owned) indices passed back with
+    prev_prefix_len=0. The tree would hand them back as the caller's to free."""
+    cache = tree.cache
+    key = tree.other_key + [7] * tree.page
+    kv = own_kv(cache, tree.other_key) + fresh_kv(tree.page)
+    assert_rejected(
+        cache, lambda: cache.insert(key, kv, 77), ValueError, rf"^kv_indices\[0\] = {kv[0]} "
+    )
+
+
+@pytest.mark.parametrize("where", ["new-part", "duplicate-and-new", "mid-edge"])
+def test_insert_rejects_repeated_kv_index(tree: Populated, where: str) -> None:
+    """An index twice in kv_indices[prev_prefix_len:]. "mid-edge": the key leaves a
+    cached edge half-way, so an accepted insert would split it (compat or not)."""
+    cache, page = tree.cache, tree.page
+    if where == "mid-edge":
+        cached = tree.other_key[: 3 * page]  # A + the first page of C's 2-page edge
+        key = cached + [8] * page + [9] * page
+    else:
+        cached, key = tree.other_key, tree.other_key + [7] * 2 * page
+    prev = 2 * page if where == "duplicate-and-new" else len(cached)
+    kv = own_kv(cache, tree.other_key)[:prev] + fresh_kv(len(key) - prev)
+    first, again = prev, len(key) - 1
+    kv[first] = kv[again] = 66_000
+    want = rf"^kv_indices\[{again}\] = 66000 repeats kv_indices\[{first}\]$"
+    call = lambda: cache.insert(key, kv, 77, prev_prefix_len=prev)  # noqa: E731
+    assert_rejected(cache, call, ValueError, want)
+
+
+@pytest.mark.parametrize("compat", [None, "sglang"])
+def test_legal_kv_indices_still_insert(compat: str | None) -> None:
+    """The tree's own indices below prev_prefix_len, the caller's own from there on
+    (duplicates of cached KV included); indices freed by eviction or reset may come
+    back. Hand-computed results."""
+    cache = MambaRadixCache(chunk_size=2, compat=compat)
+    cache.insert([1, 2], [10, 11], 1)
+    m = cache.match_prefix([1, 2])
+    r = cache.insert([1, 2, 3, 4], [*m.kv_indices, 12, 13], 2, prev_prefix_len=m.prefix_len)
+    assert (r.prefix_len, r.state_existed, list(r.freed_kv)) == (2, False, [])
+    # another request computed [1, 2, 3] itself: its copy of [1, 2, 3] comes back
+    r = cache.insert([1, 2, 3, 5], [20, 21, 22, 23], 3)
+    assert (r.prefix_len, r.state_existed, list(r.freed_kv)) == (3, False, [20, 21, 22])
+    # re-inserting a cached key with everything tree-owned: nothing to check, nothing taken
+    r = cache.insert([1, 2, 3, 4], [10, 11, 12, 13], 9, prev_prefix_len=4)
+    assert (r.prefix_len, r.state_existed, list(r.freed_kv)) == (4, True, [])
+    cache.check_invariants()
+    assert sorted(cache.all_kv_indices()) == [10, 11, 12, 13, 23]
+    e = cache.evict(kv_tokens=1)  # the oldest leaf, [5] (KV 23)
+    assert list(e.freed_kv) == [23]
+    cache.insert([7], [23], 4)  # a freed index may be handed over again
+    freed = cache.reset().freed_kv
+    cache.insert([1, 2, 3, 4], list(freed)[:4], 1)
+    cache.check_invariants()
+
+
+# -------------------------------------------------------------- prev_prefix_len
+
+
 # -------------------------------------------------------------- prev_prefix_len
 
 

@@ -177,6 +177,44 @@ def test_tombstone_then_revival_by_insert() -> None:
     assert cache.match_prefix([1, 2]).node.state == 5
 
 
+@pytest.mark.parametrize("compat", [None, "sglang"])
+def test_evict_result_counts_as_documented(compat: str | None) -> None:
+    """README / EvictResult: `kv_tokens` counts the KV the KV phase freed (leaves and the
+    tombstones they leave childless), `states` the states the state phase freed; what a
+    phase frees on the side (a KV-evicted leaf's state, a state-evicted leaf's KV)
+    shows only in freed_kv / freed_states. Tree (LRU order in both lists: 1, 2, 3):
+        root ─┬─ [1,2] state 1 (KV 10,11) ── [3,4] state 2 (KV 12,13)
+              └─ [5,6] state 3 (KV 30,31)"""
+
+    def build() -> MambaRadixCache:
+        cache = two_level(compat)
+        insert(cache, [5, 6], [30, 31], 3)
+        return cache
+
+    # KV phase: leaf [3,4] (2 tokens, and its state 2). State phase: state 1, now on a
+    # leaf, goes with its KV 10,11. Counted: 2 tokens, 1 state; freed: 4 tokens, 2 states.
+    assert evict(build(), kv_tokens=1, states=1) == (2, 1, [12, 13, 10, 11], [2, 1])
+    # the targeted evictions count the same way
+    cache = build()
+    node = {n.state: n for n in cache._nodes()}
+    r = cache.evict_state_of(node[1])  # internal: tombstoned, its KV stays
+    assert (r.kv_tokens, r.states, list(r.freed_kv), r.freed_states) == (0, 1, [], [1])
+    r = cache.evict_leaf(node[2])  # the tombstone left childless goes too, and counts
+    assert (r.kv_tokens, r.states, list(r.freed_kv), r.freed_states) == (
+        4,
+        0,
+        [12, 13, 10, 11],
+        [2],
+    )
+    r = cache.evict_state_of(node[3])  # a leaf: deleted with its KV, which is not counted
+    assert (r.kv_tokens, r.states, list(r.freed_kv), r.freed_states) == (0, 1, [30, 31], [3])
+    cache.check_invariants()
+    # reset is no eviction: both counts 0, everything in the freed lists
+    r = build().reset()
+    assert (r.kv_tokens, r.states) == (0, 0)
+    assert (sorted(r.freed_kv), sorted(r.freed_states)) == ([10, 11, 12, 13, 30, 31], [1, 2, 3])
+
+
 def test_kv_eviction_cascades_through_childless_tombstones() -> None:
     """Deleting leaf [3,4] leaves tombstone [1,2] childless: it goes too, and its
     tokens count towards the KV freed."""

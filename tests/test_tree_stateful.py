@@ -1,15 +1,19 @@
 """Hypothesis state machines for `MambaRadixCache` against a plain reference model.
 
 One machine, run in four configurations: compat None / "sglang" x page_size 1 / 4.
-Rules: insert (three ways of passing prev_prefix_len), match, lock, unlock, evict,
-reset. After every step `check_invariants()` runs and the tree is compared with
-the model:
+Rules: insert (three ways of passing prev_prefix_len, and one with kv_indices the
+tree must refuse), match, lock, unlock, evict, reset. After every step
+`check_invariants()` runs and the tree is compared with the model:
 
 * content: the model keeps, per cached position (namespace, the key up to the end of
   its page, index), the KV index stored there, and the (namespace, path) -> state
   map; it is updated only from
   what the tree *reports* (insert prefix_len / state_existed, evict freed_kv /
   freed_states) and must equal a brute-force walk of the tree;
+* refusals: an insert whose kv_indices would make the tree hold an index twice (one
+  it holds, or a repeat, from prev_prefix_len on) raises ValueError naming the first
+  such position and changes nothing (printout, sizes, contents, both LRU lists);
+  the tree's record of held KV indices equals the model's (brute force);
 * ownership: every KV index and state id ever handed over is in exactly one place
   (held by the tree, returned to the caller, never taken because it was below
   prev_prefix_len, or kept by the caller because the state existed), and nothing
@@ -82,6 +86,23 @@ def walk_tree(cache: MambaRadixCache) -> tuple[dict[Pos, int], dict[Path, int]]:
             states[(ns, path)] = node.state
         stack.extend((c, ns, path) for c in node.children.values())
     return kv, states
+
+
+def tree_snapshot(cache: MambaRadixCache) -> tuple[Any, ...]:
+    """Everything observable about a tree: printout, sizes, contents, LRU orders and clocks."""
+    kv_list, st_list = cache.lru
+    return (
+        cache.pretty(),
+        cache.total_size(),
+        cache.full_protected_size(),
+        cache.state_protected_size(),
+        list(cache.all_kv_indices()),
+        cache.all_states(),
+        [link.node.id for link in kv_list],
+        [link.node.id for link in st_list],
+        kv_list.clock,
+        st_list.clock,
+    )
 
 
 class Ledger:
@@ -256,7 +277,8 @@ class TreeMachine(RuleBasedStateMachine):
 
     # ----------------------------------------------------------------- insert
 
-    # Three insert rules (inserts are 3 of 8 rules, so trees grow between evictions).
+    # Three insert rules (inserts are 3 of 9 rules, so trees grow between evictions),
+    # and one insert the tree must refuse.
 
     @rule(data=st.data())
     def insert_fresh(self, data: st.DataObject) -> None:
@@ -316,6 +338,35 @@ class TreeMachine(RuleBasedStateMachine):
             self.state_path[state] = pos
             self.state_ledger.take([state])
             self.touch(pos)
+
+    @rule(data=st.data())
+    def insert_refused(self, data: st.DataObject) -> None:
+        """kv_indices with an index the tree holds, or one index twice, at positions from
+        prev_prefix_len on: refused, naming the first such position; nothing changes.
+        Below prev_prefix_len the tree's own indices where cached, elsewhere indices
+        no one was ever handed (10**8 + i): the refused call hands nothing over."""
+        ns, key = data.draw(NAMESPACES, label="ns"), self.draw_key(data, whole_pages=True)
+        held = sorted(self.kv.values())
+        kind = data.draw(st.sampled_from(["repeat", "held"] if held else ["repeat"]))
+        if len(key) < 2:
+            return
+        prev = data.draw(st.integers(0, len(key) - 2), label="prev")
+        hit = self.hit_len(ns, key)
+        own = [self.kv[pos] for pos in self.positions(ns, key, hit)]
+        values = own[:prev] + [10**8 + i for i in range(min(prev, hit), len(key))]
+        if kind == "held":
+            at = data.draw(st.integers(prev, len(key) - 1), label="at")
+            values[at] = data.draw(st.sampled_from(held), label="held index")
+            want = rf"^kv_indices\[{at}\] = {values[at]} is already held by the tree"
+        else:
+            first = data.draw(st.integers(prev, len(key) - 2), label="first")
+            at = data.draw(st.integers(first + 1, len(key) - 1), label="again")
+            values[at] = values[first]
+            want = rf"^kv_indices\[{at}\] = {values[at]} repeats kv_indices\[{first}\]$"
+        before = tree_snapshot(self.cache)
+        with pytest.raises(ValueError, match=want):
+            self.cache.insert(key, values, 10**7, prev_prefix_len=prev, extra_key=ns)
+        assert tree_snapshot(self.cache) == before, "a refused insert changed the tree"
 
     # ------------------------------------------------------------------ locks
 
@@ -424,6 +475,11 @@ class TreeMachine(RuleBasedStateMachine):
         assert states == self.states
         self.kv_ledger.check(list(self.cache.all_kv_indices()))
         self.state_ledger.check(self.cache.all_states())
+
+    @invariant()
+    def held_kv_record(self) -> None:
+        """What insert checks against: exactly the KV indices the model says are held."""
+        assert self.cache._held_kv == set(self.kv.values())
 
     @invariant()
     def state_recency(self) -> None:

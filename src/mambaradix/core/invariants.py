@@ -11,7 +11,8 @@ Invariants (numbering of the SGLang reference, sections 3 and 8):
   I6  evictable / protected counters equal a recount
   I7  KV list = all non-root nodes; state list = all nodes holding a state
   I8  both lists: symmetric links, strictly decreasing stamps MRU -> LRU
-  I9  no KV index and no state slot is held twice
+  I9  no KV index and no state slot is held twice; the tree's records of held
+      KV indices and state slots (what `insert` checks against) are exact
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def check_tree(tree: MambaRadixCache) -> None:
             f"recount evictable={evictable} protected={protected}"
         )
     _check_lists(tree, nodes)
-    _check_ownership(nodes)
+    if _check_ownership(nodes) != tree._held_kv:
+        raise AssertionError("I9 the tree's record of held KV indices is out of date")
     if tree._held_states != {n.state for n in nodes if n.state is not None}:
         raise AssertionError("I9 the tree's record of held state slots is out of date")
 
@@ -106,7 +108,8 @@ def _check_lists(tree: MambaRadixCache, nodes: list[TreeNode]) -> None:
                 _fail(node, f"I7 {res.name} link does not belong to its node")
 
 
-def _check_ownership(nodes: list[TreeNode]) -> None:
+def _check_ownership(nodes: list[TreeNode]) -> set[int]:
+    """Check that no KV index or state slot is held twice; return the KV indices."""
     seen_kv: set[int] = set()
     seen_states: set[int] = set()
     for node in nodes:
@@ -118,3 +121,4 @@ def _check_ownership(nodes: list[TreeNode]) -> None:
             if node.state in seen_states:
                 _fail(node, f"I9 state slot {node.state} is held twice")
             seen_states.add(node.state)
+    return seen_kv

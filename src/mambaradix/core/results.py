@@ -45,10 +45,15 @@ class InsertResult(NamedTuple):
 
 
 class EvictResult(NamedTuple):
-    """What `evict` removed. Counts are as SGLang reports them: `kv_tokens`
-    counts KV freed by KV eviction only, `states` counts states freed by state
-    eviction only; `freed_kv` / `freed_states` hold everything actually freed
-    (a state-evicted leaf also frees its KV)."""
+    """What an eviction removed (`evict`, `evict_leaf`, `evict_state_of`, `reset`).
+
+    kv_tokens: KV tokens freed by KV eviction: the deleted leaves and the
+        tombstones they left childless (0 from `evict_state_of` and `reset`).
+    states: states freed by state eviction (0 from `evict_leaf` and `reset`).
+    freed_kv / freed_states: everything freed, which the caller must free. They
+        also hold what a phase frees on the side and does not count, as SGLang:
+        a KV-evicted leaf's state, a state-evicted leaf's KV.
+    """
 
     kv_tokens: int
     states: int

@@ -20,6 +20,11 @@ slots the caller must free. Two behaviours share this code:
   receipts that record what was locked (#27147).
 * `compat="sglang"`: the decisions of SGLang 0.5.15.post1's MambaRadixCache,
   including split-on-match and refreshing the whole matched path in both lists.
+
+Both refuse bad input that upstream accepts, among it an `insert` whose KV
+indices the tree already holds or that repeat one (upstream would hold an index
+twice, or hand a cached one back to be freed); on valid input compat="sglang"
+decides exactly as upstream.
 """
 
 from __future__ import annotations
@@ -102,9 +107,11 @@ class MambaRadixCache:
         self._evictable = [0, 0]  # indexed by Resource: KV tokens, states
         self._protected = [0, 0]
         self._held_states: set[int] = set()  # every state slot the tree owns
+        self._held_kv: set[int] = set()  # every KV index the tree owns (a split changes none)
 
     def reset(self) -> EvictResult:
-        """Empty the tree and return everything it owned (the caller frees it).
+        """Empty the tree and return everything it owned (the caller frees it) in
+        `freed_kv` / `freed_states`; both counts are 0 (nothing was evicted).
 
         Raises RuntimeError while any lock is held (receipts would dangle)."""
         if self._protected[KV] or self._protected[STATE]:
@@ -237,6 +244,10 @@ class MambaRadixCache:
         caller's duplicates in [prev_prefix_len, prefix_len) (positions below
         prev_prefix_len are already tree-owned). If `state_existed`, the caller
         keeps `state`; otherwise the tree owns it.
+
+        Raises ValueError, changing nothing, when an index from prev_prefix_len
+        on (or from the end of the cached prefix, if that comes first) is one
+        the tree already holds, or when one appears twice there.
         """
         tokens = as_int_array(key, "key")
         values = as_int_array(kv_indices, "kv_indices")
@@ -302,6 +313,7 @@ class MambaRadixCache:
             if off >= n:
                 break
             ck = tokens[off] if page == 1 else tuple(tokens[off : off + page])
+        self._claim_kv(values, min(prev, off), off, prev)
         self._touch_walked(walked)
         if split_at:
             node = self._split(walked[-1], split_at)
@@ -319,6 +331,44 @@ class MambaRadixCache:
         if self._sglang:
             st_lru.move_mru(node.st)
         return InsertResult(off, True, freed)
+
+    def _claim_kv(self, values: array[int], start: int, off: int, prev: int) -> None:
+        """Record values[off:] (what the tree takes) as held, after checking
+        that values[start:] repeats no index and holds none the tree holds;
+        otherwise raise ValueError with everything as it was. One set update
+        does both checks: it grows by len(values[start:]) exactly when they pass."""
+        held = self._held_kv
+        new = values[start:]
+        before = len(held)
+        held.update(new)
+        if len(held) - before != len(new):
+            # Undo by recount (error path only): the set is the union of node values (I9).
+            held.clear()
+            held.update(self.all_kv_indices())
+            raise ValueError(self._kv_conflict(values, start, off, prev))
+        if start < off:
+            held.difference_update(values[start:off])  # the caller's duplicates: handed back
+
+    def _kv_conflict(self, values: array[int], start: int, off: int, prev: int) -> str:
+        """The message for the first position from `start` on whose index the
+        tree holds or an earlier position from `start` repeats."""
+        first_at: dict[int, int] = {}
+        for i in range(start, len(values)):
+            v = values[i]
+            if v in self._held_kv:
+                if i >= prev:
+                    return (
+                        f"kv_indices[{i}] = {v} is already held by the tree: positions from "
+                        f"prev_prefix_len={prev} on must be the caller's own indices"
+                    )
+                return (
+                    f"kv_indices[{i}] = {v} is already held by the tree elsewhere: the key "
+                    f"is cached only up to {off} tokens, not prev_prefix_len={prev}"
+                )
+            if v in first_at:
+                return f"kv_indices[{i}] = {v} repeats kv_indices[{first_at[v]}]"
+            first_at[v] = i
+        raise AssertionError("no conflicting KV index found")
 
     def _touch_walked(self, walked: list[TreeNode]) -> None:
         """Refresh the nodes an insert walked through, as SGLang does one by one
@@ -373,7 +423,8 @@ class MambaRadixCache:
     def evict(self, kv_tokens: int = 0, states: int = 0) -> EvictResult:
         """Free at least `kv_tokens` KV tokens (whole unlocked leaves, LRU first),
         then at least `states` states (any unlocked state, LRU first), or as
-        much as is evictable. Returns what the caller must free."""
+        much as is evictable. Returns what the caller must free, and what each
+        phase counted (see `EvictResult`)."""
         want_kv = _count(kv_tokens, "kv_tokens")
         want_states = _count(states, "states")
         freed_kv: array[int] = array("q")
@@ -496,6 +547,7 @@ class MambaRadixCache:
         if parent.children.pop(ck, None) is not node:
             raise AssertionError(f"{node!r} is not registered under its own key")
         freed_kv += node.value
+        self._held_kv.difference_update(node.value)
         self.lru[KV].remove(node.kv)
         self._evictable[KV] -= len(node.value)
         node.parent = None  # marks the node as deleted (stale handles are rejected)

@@ -15,12 +15,14 @@ from mambaradix.replay.trace import Trace
 def bound_hit_tokens(trace: Trace) -> list[int]:
     """Per request (in arrival order), the tokens an ideal cache would reuse."""
     tree = MambaRadixCache(page_size=1, chunk_size=1)
-    unit, out = trace.unit_tokens, []
+    unit, out, next_kv = trace.unit_tokens, [], 0
     for i, r in enumerate(trace.requests):
         m = tree.match_prefix(r.input_units[:-1]).kv_hit_len
         out.append(min(m * unit, r.input_tokens - 1) if m else 0)
         seq = r.input_units + r.output_units
-        tree.insert(seq, range(len(seq)), state=i)  # KV indices are irrelevant here
+        # KV indices are irrelevant here, but the tree refuses one it already holds.
+        tree.insert(seq, range(next_kv, next_kv + len(seq)), state=i)
+        next_kv += len(seq)
     return out
 
 
