@@ -150,8 +150,8 @@ def _sglang(e: Event) -> list[SglangKVCacheEvent]:
         return []
     if isinstance(e, BlockRemoved):
         return [SglangBlockRemoved(list(e.block_hashes), e.medium)]
-    size, out = e.block_size, []
-    parent = e.parent_block_hash
+    size, parent = e.block_size, e.parent_block_hash
+    out: list[SglangKVCacheEvent] = []
     for i, h in enumerate(e.block_hashes):
         tokens = list(e.token_ids[i * size : (i + 1) * size])
         out.append(SglangBlockStored([h], parent, tokens, size, None, e.medium))
@@ -234,7 +234,7 @@ def _tag_and_fields(item: Any) -> tuple[str | None, dict[str, Any]]:
         return (tag if isinstance(tag, str) else None), item
     if isinstance(item, list) and item and isinstance(item[0], str):
         names = {"BlockStored": _STORED_FIELDS, "BlockRemoved": _REMOVED_FIELDS}.get(item[0], ())
-        return item[0], dict(zip(names, item[1:]))
+        return item[0], dict(zip(names, item[1:], strict=False))  # extra fields ignored
     return None, {}
 
 
