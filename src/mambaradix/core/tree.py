@@ -41,8 +41,8 @@ COMPAT_MODES = (None, "sglang")
 class TreeListener(Protocol):
     """Told about every change to what a tree caches (see `add_listener`).
 
-    Called after the change, with the tree consistent. A listener must not
-    mutate the tree and must not raise: the operation has already happened."""
+    Called in the middle of an operation, right after the change reported; a
+    listener must not call into the tree and must not raise."""
 
     def node_added(self, node: TreeNode) -> None:
         """A new node with KV: `node.key` tokens below `node.parent`."""

@@ -190,11 +190,12 @@ class EventEmitter:
 
 
 def _parents_first(root: TreeNode) -> list[TreeNode]:
-    out, stack = [], list(root.children.values())
+    """Depth first, each node before its children, children in the tree's order."""
+    out, stack = [], list(reversed(root.children.values()))
     while stack:
         node = stack.pop()
         out.append(node)
-        stack.extend(node.children.values())
+        stack.extend(reversed(node.children.values()))
     return out
 
 
