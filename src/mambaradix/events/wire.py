@@ -193,15 +193,16 @@ class DecodedBatch:
     events: list[Event]
     rank: int | None
     problems: list[str] = field(default_factory=list)
-    # Events before this index may be contradicted by an unreadable removal after them:
-    # a consumer that cannot tell what was removed must not trust them.
+    # An unreadable removal (or event of unknown shape) was skipped: events before
+    # `trusted_from` may be contradicted by it, and a consumer must not trust them.
+    unsafe: bool = False
     trusted_from: int = 0
 
 
 def decode_batch(payload: bytes) -> DecodedBatch:
     """Read a vLLM or SGLang batch. Raises MalformedBatch if it is no batch at all; a bad
-    event is skipped and noted in `problems` (and moves `trusted_from` past it unless it
-    was a store, whose loss only under-credits)."""
+    event is skipped and noted in `problems`; unless it was a store (whose loss only
+    under-credits) it makes the batch `unsafe` up to `trusted_from`."""
     try:
         raw = _decoder.decode(payload)
     except (msgspec.DecodeError, ValueError) as e:
@@ -219,7 +220,7 @@ def decode_batch(payload: bytes) -> DecodedBatch:
         except _BadEvent as e:
             out.problems.append(f"{tag or 'event'}: {e}")
             if tag != "BlockStored":
-                out.trusted_from = len(out.events)
+                out.unsafe, out.trusted_from = True, len(out.events)
             continue
         if event is not None:
             out.events.append(event)

@@ -76,7 +76,7 @@ class WorkerFeed:
             return self._bad(seq, None, str(e), now)
         if batch.problems:
             log.warning("worker %s seq %s: %s", self.worker_id, seq, "; ".join(batch.problems))
-        if batch.trusted_from:
+        if batch.unsafe:
             return self._bad(seq, batch, "a removal could not be read", now)
         if batch.events and isinstance(batch.events[0], AllBlocksCleared):  # rule 3
             self.counts["snapshots"] += snapshot_wait
