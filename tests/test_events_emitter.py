@@ -61,14 +61,17 @@ def test_a_block_across_a_split_is_announced_once_with_its_chain() -> None:
         kv([hb[1]], hb[0], b[4:]),
         state(hb[1], hb[0], b[4:]),
     ]
-    assert em.dump() == [  # parents first: [1..6] holds block 0, each leaf its block 1
-        AllBlocksCleared(),
-        kv([ha[0]], None, a[:4]),
-        kv([ha[1]], ha[0], a[4:]),
-        state(ha[1], ha[0], a[4:]),
-        kv([hb[1]], hb[0], b[4:]),
-        state(hb[1], hb[0], b[4:]),
-    ]
+    assert (
+        em.dump()
+        == [  # parents first: [1..6] holds block 0, each leaf its block 1
+            AllBlocksCleared(),
+            kv([ha[0]], None, a[:4]),
+            kv([ha[1]], ha[0], a[4:]),
+            state(ha[1], ha[0], a[4:]),
+            kv([hb[1]], hb[0], b[4:]),
+            state(hb[1], hb[0], b[4:]),
+        ]
+    )
 
 
 def test_a_block_goes_when_any_of_its_tokens_goes() -> None:

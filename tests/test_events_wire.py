@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from upstream_kv_events import sglang_kv_events
 
 from mambaradix.events import AllBlocksCleared, BlockRemoved, BlockStored
 from mambaradix.events.wire import MalformedBatch, decode_batch, encode_batch
+from upstream_kv_events import sglang_kv_events
 
 EVENTS = [
     BlockStored((11, 12), None, tuple(range(8)), 4),

@@ -85,10 +85,13 @@ class ZmqPublisher:
             return None
         payload = encode_batch(events, self.fmt, ts, self.rank)
         seq = self._next_seq
-        self._pub.send_multipart([self._topic, seq.to_bytes(8, "big"), payload])
+        self._send([self._topic, seq.to_bytes(8, "big"), payload])
         self._buffer.append((seq, payload))
         self._next_seq += 1
         return seq
+
+    def _send(self, frames: list[bytes]) -> None:
+        self._pub.send_multipart(frames)
 
     def serve_replay(self, timeout_s: float = 0.0) -> int:
         """Answer the replay requests waiting (or arriving within `timeout_s`); returns

@@ -10,6 +10,7 @@ once it listens; stops on SIGINT/SIGTERM or after `--duration` seconds.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         print(f"mambaradix index needs the events extra ({e.name} is missing)", file=sys.stderr)
         return 2
+    logging.basicConfig(level=logging.WARNING, format="mambaradix index: %(message)s")
     indexer = Indexer(args.block_size)
     for wid in args.workers:
         indexer.add_worker(wid, hybrid=wid not in args.attention_workers)
