@@ -120,9 +120,9 @@ def test_decoding_tolerates_what_engines_add() -> None:
     ]
     got = decode_batch(msgspec.msgpack.encode(newer_vllm))
     assert not got.problems
-    assert got.events == [  # unsigned 64-bit hashes read as the same signed int64
-        BlockStored((-1,), None, [1, 2], 2, 0, "full_attention", "GPU"),
-        BlockRemoved((-(2**63),), 0, "GPU"),
+    assert got.events == [  # unsigned 64-bit hashes kept as sent
+        BlockStored((2**64 - 1,), None, [1, 2], 2, 0, "full_attention", "GPU"),
+        BlockRemoved((2**63,), 0, "GPU"),
     ]
 
 

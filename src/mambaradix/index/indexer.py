@@ -153,9 +153,13 @@ class Indexer:
             return _skip(w, f"block_size {e.block_size}")
         if e.medium not in (None, GPU):
             return _skip(w, f"medium {e.medium}")
-        if e.group is not None and e.kind is not None:
-            w.group_kinds[e.group] = e.kind
-        role = self._role(w, e.group, e.kind)
+        group, kind = e.group, e.kind
+        if group is not None and kind is not None:
+            w.group_kinds[group] = kind
+        if kind in FULL_PREFIX_KINDS or (kind is None and group is None):  # the common cases
+            role = _KV
+        else:
+            role = self._role(w, group, kind)
         if role == _KV:
             self._place(w, e)
         elif role == _STATE:
@@ -181,20 +185,22 @@ class Indexer:
             data = array("q", e.token_ids).tobytes()
         except (TypeError, OverflowError):
             return _skip(w, "token_ids not int64")
-        step = 8 * self.block_size
-        for i, h in enumerate(e.block_hashes):
-            key = data[i * step : (i + 1) * step]
+        step, blocks, pending, wid = 8 * self.block_size, w.blocks, w.pending_states, w.id
+        start = 0
+        for h in e.block_hashes:
+            key = data[start : start + step]
+            start += step
             node = parent.children.get(key)
             if node is None:
                 node = parent.children[key] = _Block(parent, key)
-            old = w.blocks.get(h)
+            old = blocks.get(h)
             if old is not None and old is not node:
-                self._drop(w.id, old)
-            w.blocks[h] = node
-            node.kv.add(w.id)
-            if h in w.pending_states:
-                w.pending_states.discard(h)
-                node.states.add(w.id)
+                self._drop(wid, old)
+            blocks[h] = node
+            node.kv.add(wid)
+            if pending and h in pending:
+                pending.discard(h)
+                node.states.add(wid)
             parent = node
 
     def _removed(self, w: _Worker, e: BlockRemoved) -> None:
@@ -249,12 +255,13 @@ class Indexer:
             child = node.children.get(data[k * step : (k + 1) * step])
             if child is None:
                 break
-            held = active & child.kv
-            for w in active - held:
-                matched[w] = depth
-            active = held
-            if not active:
-                break
+            if not active <= child.kv:  # some workers stop here
+                held = active & child.kv
+                for w in active - held:
+                    matched[w] = depth
+                active = held
+                if not active:
+                    break
             depth += size
             if child.states and depth <= cap:
                 for w in child.states & active:
