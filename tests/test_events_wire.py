@@ -156,3 +156,21 @@ def test_bad_events_are_reported_and_a_lost_removal_distrusts_what_came_before()
 def test_bad_format_name() -> None:
     with pytest.raises(ValueError, match="fmt"):
         encode_batch(EVENTS, "trtllm")
+
+
+def test_array_layout_with_vllm_fields_keeps_the_groups() -> None:
+    """Older vLLM sent array-like events: SGLang's fields, then lora_name, extra_keys,
+    group_idx, kv_cache_spec_kind. A state event must not be read as a KV block."""
+    batch = [
+        1.0,
+        [
+            ["BlockStored", [7], None, [1, 2], 2, None, "GPU", None, None, 1, "mamba"],
+            ["BlockRemoved", [7], "GPU", 1],
+        ],
+        0,
+    ]
+    got = decode_batch(msgspec.msgpack.encode(batch))
+    assert got.events == [
+        BlockStored((7,), None, [1, 2], 2, 1, "mamba", "GPU"),
+        BlockRemoved((7,), 1, "GPU"),
+    ]

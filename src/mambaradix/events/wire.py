@@ -205,15 +205,42 @@ class _VllmBatchIn(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-class _SglangBatchIn(msgspec.Struct, array_like=True, gc=False):
+class _ArrayEvent(msgspec.Struct, array_like=True, gc=False, tag=True):
+    """Array-layout events as read: SGLang's fields, then (older vLLM) its later ones."""
+
+
+class _ArrayStored(_ArrayEvent, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+
+
+class _ArrayRemoved(_ArrayEvent, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _ArrayCleared(_ArrayEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class _ArrayBatchIn(msgspec.Struct, array_like=True, gc=False):
     ts: float
-    events: list[SglangBlockStored | SglangBlockRemoved | SglangAllBlocksCleared]
-    attn_dp_rank: int | None = None
+    events: list[_ArrayStored | _ArrayRemoved | _ArrayCleared]
+    rank: int | None = None
 
 
 _typed: list[msgspec.msgpack.Decoder[Any]] = [
     msgspec.msgpack.Decoder(_VllmBatchIn),
-    msgspec.msgpack.Decoder(_SglangBatchIn),
+    msgspec.msgpack.Decoder(_ArrayBatchIn),
 ]
 
 
@@ -237,30 +264,34 @@ def decode_batch(payload: bytes) -> DecodedBatch:
     return _decode_generic(payload)
 
 
-def _from_typed(batch: _VllmBatchIn | _SglangBatchIn) -> DecodedBatch:
-    rank = batch.data_parallel_rank if isinstance(batch, _VllmBatchIn) else batch.attn_dp_rank
+def _from_typed(batch: _VllmBatchIn | _ArrayBatchIn) -> DecodedBatch:
+    rank = batch.data_parallel_rank if isinstance(batch, _VllmBatchIn) else batch.rank
     out = DecodedBatch(batch.ts, [], rank)
     for e in batch.events:
-        if isinstance(e, (VllmBlockStored, SglangBlockStored)):
+        if isinstance(e, (VllmBlockStored, _ArrayStored)):
             size, hashes = e.block_size, e.block_hashes
-            vllm = isinstance(e, VllmBlockStored)
             if size < 1 or not hashes or len(e.token_ids) != len(hashes) * size:
                 out.problems.append(f"BlockStored: {len(e.token_ids)} tokens, {size} per block")
-            elif e.lora_id is not None or (vllm and e.lora_name is not None):  # type: ignore[union-attr]
+            elif e.lora_id is not None or e.lora_name is not None:
                 out.problems.append("BlockStored: LoRA blocks are not indexed")
             else:
-                group, kind = (e.group_idx, e.kv_cache_spec_kind) if vllm else (None, None)  # type: ignore[union-attr]
-                parent = e.parent_block_hash
                 out.events.append(
-                    BlockStored(tuple(hashes), parent, e.token_ids, size, group, kind, e.medium)
+                    BlockStored(
+                        tuple(hashes),
+                        e.parent_block_hash,
+                        e.token_ids,
+                        size,
+                        e.group_idx,
+                        e.kv_cache_spec_kind,
+                        e.medium,
+                    )
                 )
-        elif isinstance(e, (VllmBlockRemoved, SglangBlockRemoved)):
+        elif isinstance(e, (VllmBlockRemoved, _ArrayRemoved)):
             if not e.block_hashes:
                 out.problems.append("BlockRemoved: no block_hashes")
                 out.unsafe, out.trusted_from = True, len(out.events)
                 continue
-            group = e.group_idx if isinstance(e, VllmBlockRemoved) else None
-            out.events.append(BlockRemoved(tuple(e.block_hashes), group, e.medium))
+            out.events.append(BlockRemoved(tuple(e.block_hashes), e.group_idx, e.medium))
         else:
             out.events.append(AllBlocksCleared())
     return out
