@@ -45,7 +45,7 @@ class WorkerFeed:
         self._request: bytes | None = None
         self._in_flight = 0  # requests sent whose end marker has not arrived
         self.counts = dict.fromkeys(
-            ("applied", "duplicates", "gaps", "malformed", "cleared", "snapshots"), 0
+            ("applied", "duplicates", "replays", "malformed", "cleared", "snapshots"), 0
         )
         if worker_id not in indexer.worker_ids():
             indexer.add_worker(worker_id)
@@ -131,8 +131,8 @@ class WorkerFeed:
             self._ask_replay(0 if self.last is None else self.last + 1, now)
 
     def _ask_replay(self, start: int, now: float) -> None:
-        log.warning("worker %s: gap, replaying from seq %s", self.worker_id, start)
-        self.counts["gaps"] += 1
+        log.warning("worker %s: asking a replay from seq %s", self.worker_id, start)
+        self.counts["replays"] += 1
         self.waiting, self._since, self._request = "replay", now, start.to_bytes(8, "big")
 
     def _bad(self, seq: int, batch: DecodedBatch | None, why: str, now: float) -> None:
