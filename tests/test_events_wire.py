@@ -174,3 +174,9 @@ def test_array_layout_with_vllm_fields_keeps_the_groups() -> None:
         BlockStored((7,), None, [1, 2], 2, 1, "mamba", "GPU"),
         BlockRemoved((7,), 1, "GPU"),
     ]
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang"])
+def test_only_events_are_encoded(fmt: str) -> None:
+    with pytest.raises(TypeError, match="events must be"):
+        encode_batch([AllBlocksCleared(), "BlockRemoved"], fmt)  # type: ignore[list-item]

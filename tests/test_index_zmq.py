@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import zmq
 
 from mambaradix import MambaRadixCache
 from mambaradix.events import EventEmitter
@@ -305,3 +306,16 @@ def test_cli_serves_what_it_is_fed() -> None:
         proc.terminate()
         assert proc.wait(10) == 0
         prod.pub.close()
+
+
+def test_bad_addresses_leave_nothing_behind() -> None:
+    ix = Indexer(B)
+    sub = ZmqSubscriber(ix)
+    with pytest.raises(zmq.ZMQError):
+        sub.add(1, "tcp://127.0.0.1:1", "tcp://no-such-host-name:-1")
+    assert sub.feeds == {} and ix.worker_ids() == []
+    with pytest.raises(ValueError, match="fmt"):
+        ZmqPublisher(LOOPBACK, fmt="json")
+    with pytest.raises(ValueError, match="buffer_steps"):
+        ZmqPublisher(LOOPBACK, buffer_steps=0)
+    sub.close()

@@ -140,12 +140,16 @@ def _vllm(e: Event) -> VllmKVCacheEvent:
         )
     if isinstance(e, BlockRemoved):
         return VllmBlockRemoved(list(e.block_hashes), e.medium, group_idx=e.group)
-    return VllmAllBlocksCleared()
+    if isinstance(e, AllBlocksCleared):
+        return VllmAllBlocksCleared()
+    raise TypeError(f"events must be BlockStored, BlockRemoved or AllBlocksCleared, got {e!r}")
 
 
 def _sglang(e: Event) -> list[SglangKVCacheEvent]:
     if isinstance(e, AllBlocksCleared):
         return [SglangAllBlocksCleared()]
+    if not isinstance(e, (BlockStored, BlockRemoved)):
+        raise TypeError(f"events must be BlockStored, BlockRemoved or AllBlocksCleared, got {e!r}")
     if e.group not in (KV_GROUP, None):
         return []
     if isinstance(e, BlockRemoved):

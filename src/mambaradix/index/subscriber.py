@@ -46,15 +46,23 @@ class ZmqSubscriber:
         """Subscribe to a worker's publisher (and its replay socket, if any)."""
         if worker_id in self.feeds:
             raise ValueError(f"worker {worker_id} is already subscribed")
+        sockets: list[zmq.Socket[bytes]] = []
+        try:  # a bad address fails here, before anything is registered
+            sockets.append(self._socket(zmq.SUB, endpoint))
+            if replay_endpoint is not None:
+                sockets.append(self._socket(zmq.DEALER, replay_endpoint))
+        except zmq.ZMQError:
+            for sock in sockets:
+                sock.close(linger=0)
+            raise
+        sockets[0].setsockopt(zmq.SUBSCRIBE, b"")
         with self._lock:
             feed = WorkerFeed(self.indexer, worker_id, timeout_s=self.timeout_s)
-        sub = self._socket(zmq.SUB, endpoint)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self._by_socket[sub] = (feed, False)
+        for sock, is_replay in zip(sockets, (False, True), strict=False):
+            self._by_socket[sock] = (feed, is_replay)
+            self._poller.register(sock, zmq.POLLIN)
         if replay_endpoint is not None:
-            dealer = self._socket(zmq.DEALER, replay_endpoint)
-            self._by_socket[dealer] = (feed, True)
-            self._replay[worker_id] = dealer
+            self._replay[worker_id] = sockets[1]
             with self._lock:
                 feed.start_cold(time.monotonic())
         self.feeds[worker_id] = feed
@@ -62,8 +70,11 @@ class ZmqSubscriber:
     def _socket(self, kind: int, endpoint: str) -> zmq.Socket[bytes]:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint)
-        self._poller.register(sock, zmq.POLLIN)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError:
+            sock.close(linger=0)
+            raise
         return sock
 
     def poll(self, timeout_s: float = 0.1) -> int:
