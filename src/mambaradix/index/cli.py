@@ -116,8 +116,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve(server: Any, subscriber: Any, duration: float | None) -> int:
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    if threading.current_thread() is threading.main_thread():  # signals reach only that one
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1})
     thread.start()
     host, port = server.server_address[:2]
