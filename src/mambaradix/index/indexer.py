@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, cast
 
 from mambaradix.events.model import (
     FULL_PREFIX_KINDS,
@@ -45,15 +47,38 @@ _KV, _STATE, _OTHER, _UNKNOWN = "kv", "state", "other", "unknown"
 _MAX_PENDING_STATES = 1 << 16
 
 
+_NO_CHILDREN: Mapping[bytes, _Block] = MappingProxyType({})  # shared and read-only
+_NO_STATES: frozenset[int] = frozenset()
+
+
 class _Block:
     __slots__ = ("parent", "key", "children", "kv", "states")
 
     def __init__(self, parent: _Block | None, key: bytes) -> None:
         self.parent = parent
         self.key = key  # the block's tokens, int64 native bytes
-        self.children: dict[bytes, _Block] = {}
+        # Most blocks are leaves without states: they share empty read-only containers
+        # until they need their own (a new node then costs one set, not three containers).
+        self.children: Mapping[bytes, _Block] = _NO_CHILDREN
         self.kv: set[int] = set()  # workers holding this block's KV (with all before it)
-        self.states: set[int] = set()  # workers holding a state at this block's end
+        self.states: AbstractSet[int] = _NO_STATES  # workers with a state at its end
+
+    def add_child(self, key: bytes) -> _Block:
+        if self.children is _NO_CHILDREN:
+            self.children = {}
+        node = _Block(self, key)
+        cast(dict[bytes, _Block], self.children)[key] = node
+        return node
+
+    def add_state(self, worker_id: int) -> None:
+        if self.states:
+            cast(set[int], self.states).add(worker_id)
+        else:
+            self.states = {worker_id}
+
+    def drop_state(self, worker_id: int) -> None:
+        if self.states:
+            cast(set[int], self.states).discard(worker_id)
 
 
 class _Worker:
@@ -166,7 +191,7 @@ class Indexer:
             for h in e.block_hashes:
                 node = w.blocks.get(h)
                 if node is not None:
-                    node.states.add(w.id)
+                    node.add_state(w.id)
                 elif len(w.pending_states) < _MAX_PENDING_STATES:
                     w.pending_states.add(h)
         else:
@@ -192,7 +217,7 @@ class Indexer:
             start += step
             node = parent.children.get(key)
             if node is None:
-                node = parent.children[key] = _Block(parent, key)
+                node = parent.add_child(key)
             old = blocks.get(h)
             if old is not None and old is not node:
                 self._drop(wid, old)
@@ -200,7 +225,7 @@ class Indexer:
             node.kv.add(wid)
             if pending and h in pending:
                 pending.discard(h)
-                node.states.add(wid)
+                node.add_state(wid)
             parent = node
 
     def _removed(self, w: _Worker, e: BlockRemoved) -> None:
@@ -212,7 +237,7 @@ class Indexer:
                 w.pending_states.discard(h)
                 node = w.blocks.get(h)
                 if node is not None:
-                    node.states.discard(w.id)
+                    node.drop_state(w.id)
             elif role in (_KV, _UNKNOWN):
                 w.pending_states.discard(h)
                 gone = w.blocks.pop(h, None)
@@ -231,10 +256,10 @@ class Indexer:
     def _drop(self, worker_id: int, node: _Block) -> None:
         """Take the worker off `node`, then prune nodes nobody holds."""
         node.kv.discard(worker_id)
-        node.states.discard(worker_id)
+        node.drop_state(worker_id)
         x: _Block | None = node
         while x is not None and x.parent is not None and not x.kv and not x.children:
-            del x.parent.children[x.key]
+            del cast(dict[bytes, _Block], x.parent.children)[x.key]
             x = x.parent
 
     # -------------------------------------------------------------------- query
