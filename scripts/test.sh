@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup-dynamo.sh   # Dynamo's indexer, in its own venv, for the interop test
 .venv/bin/ruff check src tests bench
 .venv/bin/mypy
 .venv/bin/python -m pytest "$@"

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mambaradix.index.cli import add_parser as add_index_parser
+
 
 def _number_list(text: str, ok: Callable[[float], bool], rule: str) -> list[float]:
     try:
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser("demo", help="multi-turn sessions through the cache, both tree behaviours")
     )
     _add_engine(sub.add_parser("engine", help="a real hybrid model served on the cache, on vs off"))
+    add_index_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

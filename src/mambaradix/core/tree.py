@@ -32,7 +32,7 @@ from __future__ import annotations
 import operator
 from array import array
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, Protocol
 
 from mambaradix.core.keys import EMPTY, as_int_array, common_prefix_len
 from mambaradix.core.lru import LRUList
@@ -41,6 +41,35 @@ from mambaradix.core.results import EvictResult, InsertResult, MatchResult
 
 KV, STATE = Resource.KV, Resource.STATE
 COMPAT_MODES = (None, "sglang")
+
+
+class TreeListener(Protocol):
+    """Told about every change to what a tree caches (see `add_listener`).
+
+    Called in the middle of an operation, right after the change reported; a
+    listener must not call into the tree and must not raise."""
+
+    def node_added(self, node: TreeNode) -> None:
+        """A new node with KV: `node.key` tokens below `node.parent`."""
+
+    def node_split(self, upper: TreeNode, lower: TreeNode) -> None:
+        """An edge was cut: `upper` (new, stateless) took the first tokens and
+        is now `lower`'s parent; `lower` kept the rest and its state."""
+
+    def node_removed(self, node: TreeNode) -> None:
+        """A node and its KV left the tree (`node.parent` is already None)."""
+
+    def state_added(self, node: TreeNode) -> None:
+        """`node` gained a state (a new leaf, or a revived tombstone)."""
+
+    def state_removed(self, node: TreeNode) -> None:
+        """`node` lost its state (tombstoned, or a leaf about to be removed)."""
+
+    def tree_reset(self) -> None:
+        """Everything was dropped."""
+
+
+_LISTENER_METHODS = tuple(n for n in vars(TreeListener) if not n.startswith("_"))
 
 
 class LockReceipt:
@@ -95,6 +124,7 @@ class MambaRadixCache:
             raise ValueError(f"compat must be one of {COMPAT_MODES}, got {compat!r}")
         self.compat = compat
         self._sglang = compat == "sglang"
+        self._listeners: tuple[TreeListener, ...] = ()  # empty: no cost beyond one check
         self._init_tree()
 
     # ------------------------------------------------------------------ setup
@@ -122,7 +152,23 @@ class MambaRadixCache:
             if node.state is not None:
                 freed_states.append(node.state)
         self._init_tree()
+        for listener in self._listeners:
+            listener.tree_reset()
         return EvictResult(0, 0, freed_kv, freed_states)
+
+    def add_listener(self, listener: TreeListener) -> None:
+        """Tell `listener` about every later change (see `TreeListener`)."""
+        for name in _LISTENER_METHODS:
+            if not callable(getattr(listener, name, None)):
+                raise TypeError(f"listener has no method {name}()")
+        if any(x is listener for x in self._listeners):
+            raise ValueError("listener is already registered")
+        self._listeners += (listener,)
+
+    def remove_listener(self, listener: TreeListener) -> None:
+        if not any(x is listener for x in self._listeners):
+            raise ValueError("listener is not registered")
+        self._listeners = tuple(x for x in self._listeners if x is not listener)
 
     # ------------------------------------------------------------- key helpers
 
@@ -327,6 +373,8 @@ class MambaRadixCache:
             self._held_states.add(state)
             st_lru.push_mru(node.st)
             self._evictable[STATE] += 1
+            for listener in self._listeners:
+                listener.state_added(node)
             return InsertResult(off, False, freed)
         if self._sglang:
             st_lru.move_mru(node.st)
@@ -395,6 +443,9 @@ class MambaRadixCache:
         self.lru[STATE].push_mru(leaf.st)
         self._evictable[KV] += len(leaf.value)
         self._evictable[STATE] += 1
+        for listener in self._listeners:
+            listener.node_added(leaf)
+            listener.state_added(leaf)
 
     def _split(self, child: TreeNode, at: int) -> TreeNode:
         """Cut child's edge at `at` (0 < at < len): a new stateless node takes
@@ -416,6 +467,8 @@ class MambaRadixCache:
         kv_lru.push_mru(child.kv)  # the child stays newer than its new parent
         if self._sglang and child.state is not None:
             self.lru[STATE].move_mru(child.st)
+        for listener in self._listeners:
+            listener.node_split(mid, child)
         return mid
 
     # ------------------------------------------------------------------- evict
@@ -471,6 +524,8 @@ class MambaRadixCache:
             self.lru[STATE].remove(node.st)
             node.state = None
             self._evictable[STATE] -= 1
+            for listener in self._listeners:
+                listener.state_removed(node)
         else:
             self._delete_leaf(node, freed_kv, freed_states)
 
@@ -526,6 +581,8 @@ class MambaRadixCache:
         self._held_states.discard(leaf.state)
         self.lru[STATE].remove(leaf.st)
         self._evictable[STATE] -= 1
+        for listener in self._listeners:
+            listener.state_removed(leaf)
         parent = leaf.parent
         assert parent is not None
         tokens = self._detach(leaf, freed_kv)
@@ -552,6 +609,8 @@ class MambaRadixCache:
         self._evictable[KV] -= len(node.value)
         node.parent = None  # marks the node as deleted (stale handles are rejected)
         node.kv.node = node.st.node = None  # no cycle: the node is freed at once
+        for listener in self._listeners:
+            listener.node_removed(node)
         return len(node.value)
 
     # ------------------------------------------------------------------- locks
@@ -734,4 +793,4 @@ class MambaRadixCache:
         self.check_invariants()
 
 
-__all__ = ["MambaRadixCache", "LockReceipt", "EMPTY"]
+__all__ = ["MambaRadixCache", "LockReceipt", "TreeListener", "EMPTY"]

@@ -1,0 +1,197 @@
+"""The indexer's speed: events applied per second, and query time for a 16k-token prompt.
+
+    .venv/bin/python bench/bench_indexer.py [--workers 4 --ops 20000 --block-size 16 --json F]
+
+Event streams: the serving-like workload of `workload.py` (tenants' system prompts,
+multi-turn sessions, eviction under a KV / state budget; matches and locks dropped) is
+replayed into one `MambaRadixCache` per worker, each with its own seed, with an
+`EventEmitter` on it; the events of each op form one batch. Then, on one core:
+
+* `apply`: `Indexer.apply` on the in-process events (a router fed in-process);
+* `feed (vllm)` / `feed (sglang)`: the same batches encoded as each engine sends them,
+  through `WorkerFeed.offer` (msgpack decoding, sequence checks, apply): what
+  `mambaradix index` does per ZMQ message. SGLang sends one event per block;
+* `query`: 8 workers hold a 16,384-token prompt (their first 8,192 tokens shared, states
+  every 512 tokens); the time of `Indexer.query` on that prompt plus one token (median
+  of the repeats), and on a prompt that shares only the first 8,192 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from array import array
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mambaradix import MambaRadixCache  # noqa: E402
+from mambaradix.events import BlockStored, Event, EventEmitter  # noqa: E402
+from mambaradix.events.wire import encode_batch  # noqa: E402
+from mambaradix.index import Indexer  # noqa: E402
+from mambaradix.index.feed import WorkerFeed  # noqa: E402
+from workload import EVICT_CHECK, INSERT, WorkloadConfig, generate  # noqa: E402
+
+
+def stream(seed: int, n_ops: int, block: int) -> list[list[Event]]:
+    """One worker's batches: the workload's inserts and evictions on a tree."""
+    w = generate(WorkloadConfig(seed=seed, n_ops=n_ops))
+    tree = MambaRadixCache(page_size=1)
+    emitter = EventEmitter(tree, block)
+    budget_kv, budget_st = w.config.kv_budget, w.config.state_budget
+    batches: list[list[Event]] = []
+    for op in w.ops:
+        if op[0] == INSERT:
+            _, seq, n, _, base, state = op
+            tree.insert(w.seqs[seq][:n], array("q", range(base, base + n)), state)
+        elif op[0] == EVICT_CHECK:
+            kv, st = tree.total_size()
+            if kv > budget_kv or st > budget_st:
+                tree.evict(max(kv - budget_kv, 0), max(st - budget_st, 0))
+        else:
+            continue
+        events = emitter.take()
+        if events:
+            batches.append(events)
+    return batches
+
+
+def time_apply(streams: dict[int, list[list[Event]]], block: int) -> float:
+    ix = Indexer(block)
+    t0 = time.perf_counter()
+    for worker, batches in streams.items():
+        for batch in batches:
+            ix.apply(worker, batch)
+    return time.perf_counter() - t0
+
+
+def time_feed(payloads: dict[int, list[bytes]], block: int) -> float:
+    ix = Indexer(block)
+    feeds = {w: WorkerFeed(ix, w) for w in payloads}
+    t0 = time.perf_counter()
+    for worker, items in payloads.items():
+        offer = feeds[worker].offer
+        for seq, payload in enumerate(items):
+            offer(seq, payload, 0.0)
+    elapsed = time.perf_counter() - t0
+    assert all(f.last == len(payloads[w]) - 1 for w, f in feeds.items())
+    return elapsed
+
+
+def query_setup(block: int, workers: int = 8, tokens: int = 16_384) -> tuple[Indexer, list[int]]:
+    rng = random.Random(0)
+    shared = [rng.randrange(32_000) for _ in range(tokens // 2)]
+    ix = Indexer(block)
+    prompt: list[int] = []
+    for w in range(workers):
+        seq = shared + [rng.randrange(32_000) for _ in range(tokens - len(shared))]
+        prompt = prompt or seq
+        hashes = list(range(w << 32, (w << 32) + tokens // block))
+        ix.apply(w, [BlockStored(tuple(hashes), None, seq, block)])
+        states = [h for k, h in enumerate(hashes) if (k + 1) * block % 512 == 0]
+        ix.apply(w, [BlockStored((h,), None, [0] * block, block, 1, "mamba") for h in states])
+    return ix, prompt
+
+
+def time_query(ix: Indexer, prompt: list[int], repeats: int) -> float:
+    ix.query(prompt)  # warm
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        ix.query(prompt)
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times) / 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--ops", type=int, default=20_000, help="workload ops per worker")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=300, help="queries timed")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+    block = args.block_size
+    t0 = time.perf_counter()
+    streams = {w: stream(w, args.ops, block) for w in range(args.workers)}
+    events = sum(len(b) for s in streams.values() for b in s)
+    blocks = sum(
+        len(getattr(e, "block_hashes", ())) for s in streams.values() for b in s for e in b
+    )
+    print(
+        f"streams: {args.workers} workers, {events:,} events ({blocks:,} blocks) "
+        f"in {sum(map(len, streams.values())):,} batches, made in {time.perf_counter() - t0:.1f} s"
+    )
+    rows: dict[str, Any] = {"events": events, "blocks": blocks}
+    s = time_apply(streams, block)
+    rows["apply"] = {"s": s, "events_per_s": events / s, "blocks_per_s": blocks / s}
+    singles = {w: [_one_block_each(b) for b in bs] for w, bs in streams.items()}
+    n = sum(len(b) for bs in singles.values() for b in bs)
+    s = time_apply(singles, block)
+    rows["apply_1block"] = {"s": s, "events": n, "events_per_s": n / s, "blocks_per_s": blocks / s}
+    for fmt in ("vllm", "sglang"):
+        payloads = {w: [encode_batch(b, fmt) for b in bs] for w, bs in streams.items()}
+        n = sum(len(_wire_events(fmt, b)) for bs in streams.values() for b in bs)
+        s = time_feed(payloads, block)
+        rows[f"feed_{fmt}"] = {
+            "s": s,
+            "events": n,
+            "events_per_s": n / s,
+            "blocks_per_s": blocks / s,
+        }
+    for name, row in rows.items():
+        if isinstance(row, dict):
+            rate, blocks_rate = row["events_per_s"], row["blocks_per_s"]
+            print(f"{name:12s} {rate:>12,.0f} events/s {blocks_rate:>12,.0f} blocks/s")
+    ix, prompt = query_setup(block)
+    full = time_query(ix, prompt + [1], args.repeats)
+    half = time_query(ix, prompt[: len(prompt) // 2] + [7] * (len(prompt) // 2) + [1], args.repeats)
+    answer = ix.query(prompt + [1])[0]
+    rows["query_16k_us"] = {"full_match": full, "half_match": half}
+    print(
+        f"query, 16,385-token prompt, 8 workers: {full:,.0f} µs (all 16,384 cached; "
+        f"worker 0: {answer}), {half:,.0f} µs (8,192 shared)"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+def _one_block_each(batch: list[Event]) -> list[Event]:
+    """The batch with every multi-block BlockStored split into one event per block."""
+    out: list[Event] = []
+    for e in batch:
+        if isinstance(e, BlockStored) and len(e.block_hashes) > 1:
+            size, parent = e.block_size, e.parent_block_hash
+            for i, h in enumerate(e.block_hashes):
+                tokens = e.token_ids[i * size : (i + 1) * size]
+                out.append(BlockStored((h,), parent, tokens, size, e.group, e.kind, e.medium))
+                parent = h
+        else:
+            out.append(e)
+    return out
+
+
+def _wire_events(fmt: str, batch: list[Event]) -> list[Any]:
+    """The events as the format sends them (SGLang: one per KV block, no state events)."""
+    if fmt == "vllm":
+        return batch
+    out: list[Any] = []
+    for e in batch:
+        if isinstance(e, BlockStored):
+            out.extend(e.block_hashes if e.group in (0, None) else ())
+        elif getattr(e, "group", 0) in (0, None):
+            out.append(e)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""`mambaradix index`: the indexer as a process, fed by ZMQ publishers, queried over HTTP.
+
+    mambaradix index --block-size 16 --workers 1=tcp://127.0.0.1:5557,2=tcp://127.0.0.1:5559 \\
+        --replay 1=tcp://127.0.0.1:5558 --port 8090
+
+Binds HTTP on 127.0.0.1 unless `--host` says otherwise; prints one line with the address
+once it listens; stops on SIGINT/SIGTERM or after `--duration` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+
+def _endpoints(text: str) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        wid, sep, endpoint = item.partition("=")
+        if not sep or not wid.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"expected WORKER_ID=ENDPOINT, got {item!r}")
+        if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+            raise argparse.ArgumentTypeError(f"{endpoint!r} is not a tcp://, ipc:// or inproc://")
+        if int(wid) in out:
+            raise argparse.ArgumentTypeError(f"worker {int(wid)} is given twice")
+        out[int(wid)] = endpoint
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one WORKER_ID=ENDPOINT")
+    return out
+
+
+def _ids(text: str) -> set[int]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not all(x.isdigit() for x in items):
+        raise argparse.ArgumentTypeError(f"expected worker ids separated by commas, got {text!r}")
+    return {int(x) for x in items}
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return int(text)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0-65535, got {text!r}")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "index", help="a hybrid-aware KV indexer fed by engine events, queried over HTTP"
+    )
+    p.add_argument("--block-size", type=_positive_int, default=16, help="tokens per block")
+    p.add_argument(
+        "--workers", type=_endpoints, required=True, help="ID=PUB_ENDPOINT,... of the publishers"
+    )
+    p.add_argument("--replay", type=_endpoints, default={}, help="ID=REPLAY_ENDPOINT,...")
+    p.add_argument(
+        "--attention-workers", type=_ids, default=set(), help="IDs of attention-only models"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="HTTP address (default loopback)")
+    p.add_argument("--port", type=_port, default=8090, help="HTTP port (0: any free one)")
+    p.add_argument("--model-name", default="default", help="the model_name queries must carry")
+    p.add_argument(
+        "--timeout", type=_seconds, default=2.0, help="seconds to wait for a replay or snapshot"
+    )
+    p.add_argument("--duration", type=_seconds, default=None, help="exit after this many seconds")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    unknown = sorted((set(args.replay) | args.attention_workers) - set(args.workers))
+    if unknown:
+        print(f"mambaradix index: worker {unknown[0]} is not in --workers", file=sys.stderr)
+        return 2
+    try:
+        from mambaradix.index.indexer import Indexer
+        from mambaradix.index.server import IndexServer
+        from mambaradix.index.subscriber import ZmqSubscriber
+    except ImportError as e:
+        print(f"mambaradix index needs the events extra ({e.name} is missing)", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="mambaradix index: %(message)s")
+    indexer = Indexer(args.block_size)
+    for wid in args.workers:
+        indexer.add_worker(wid, hybrid=wid not in args.attention_workers)
+    lock = threading.Lock()
+    subscriber = ZmqSubscriber(indexer, lock, timeout_s=args.timeout)
+    try:
+        for wid, endpoint in args.workers.items():
+            subscriber.add(wid, endpoint, args.replay.get(wid))
+        server = IndexServer((args.host, args.port), indexer, lock, subscriber, args.model_name)
+    except Exception as e:  # zmq.ZMQError, OSError: a bad address or a port in use
+        subscriber.close()
+        print(f"mambaradix index: {e}", file=sys.stderr)
+        return 1
+    return _serve(server, subscriber, args.duration)
+
+
+def _serve(server: Any, subscriber: Any, duration: float | None) -> int:
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():  # signals reach only that one
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1})
+    thread.start()
+    host, port = server.server_address[:2]
+    print(f"mambaradix index: listening on http://{host}:{port}", flush=True)
+    deadline = None if duration is None else time.monotonic() + duration
+    try:
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            subscriber.poll(0.1)
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+        server.server_close()
+        subscriber.close()
+    return 0

@@ -1,0 +1,150 @@
+"""HTTP front of the indexer, shaped like Dynamo's standalone indexer (`dynamo.indexer`).
+
+* `POST /query {"model_name": "default", "token_ids": [...]}` ->
+  `{"instances": {"<worker>": {"longest_matched", "gpu", "usable", "tail_recompute"}},
+  "block_size": B}`; `longest_matched` and `gpu` are the KV overlap Dynamo reports, the
+  other two what a hybrid worker can actually reuse. Every registered worker is listed.
+* `GET /workers`: per worker, its stream position and counts.
+* `GET /dump`: per worker, the events that rebuild what it holds.
+
+Bad requests get status 400 (404 for an unknown path or model) and `{"error": "..."}`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from mambaradix.events.model import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from mambaradix.index.indexer import Indexer
+from mambaradix.index.subscriber import ZmqSubscriber
+
+MAX_BODY = 64 << 20
+
+
+class IndexServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        indexer: Indexer,
+        lock: threading.Lock,
+        subscriber: ZmqSubscriber | None = None,
+        model_name: str = "default",
+    ) -> None:
+        self.indexer, self.lock, self.subscriber = indexer, lock, subscriber
+        self.model_name = model_name
+        super().__init__(address, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: IndexServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: no access log
+        return
+
+    def do_GET(self) -> None:
+        if self.path == "/workers":
+            return self._send(200, self._workers())
+        if self.path == "/dump":
+            return self._send(200, self._dump())
+        self._send(404, {"error": f"unknown path {self.path}"})
+
+    def do_POST(self) -> None:
+        if self.path != "/query":
+            return self._send(404, {"error": f"unknown path {self.path}"})
+        try:
+            body = self._body()
+        except ValueError as e:
+            return self._send(400, {"error": str(e)})
+        model = body.get("model_name", self.server.model_name)
+        if model != self.server.model_name:
+            return self._send(404, {"error": f"unknown model_name {model!r}"})
+        tokens = body.get("token_ids")
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens
+        ):
+            return self._send(400, {"error": "token_ids must be a list of ints"})
+        try:
+            with self.server.lock:
+                result = self.server.indexer.query(tokens)
+        except TypeError as e:
+            return self._send(400, {"error": str(e)})
+        instances = {
+            str(w): {
+                "longest_matched": o.longest_matched,
+                "gpu": o.longest_matched,
+                "usable": o.usable,
+                "tail_recompute": o.tail_recompute,
+            }
+            for w, o in result.items()
+        }
+        self._send(200, {"instances": instances, "block_size": self.server.indexer.block_size})
+
+    def _body(self) -> dict[str, Any]:
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            raise ValueError("bad Content-Length") from None
+        if not 0 < length <= MAX_BODY:
+            raise ValueError(f"body must be 1 to {MAX_BODY} bytes, got {length}")
+        try:
+            body = json.loads(self.rfile.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise ValueError("body must be a JSON object")
+        return body
+
+    def _workers(self) -> list[dict[str, Any]]:
+        server = self.server
+        feeds = server.subscriber.feeds if server.subscriber is not None else {}
+        with server.lock:
+            out = []
+            for w in server.indexer.worker_ids():
+                info = server.indexer.worker_info(w)
+                if w in feeds:
+                    info.update(feeds[w].status(), counts=dict(feeds[w].counts))
+                out.append(info)
+        return out
+
+    def _dump(self) -> dict[str, Any]:
+        ix = self.server.indexer
+        with self.server.lock:
+            workers = {str(w): [event_json(e) for e in ix.dump(w)] for w in ix.worker_ids()}
+        return {"block_size": ix.block_size, "workers": workers}
+
+    def _send(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def event_json(e: Event) -> dict[str, Any]:
+    """An event as a JSON object, with vLLM's field names."""
+    if isinstance(e, BlockStored):
+        return {
+            "type": "BlockStored",
+            "block_hashes": list(e.block_hashes),
+            "parent_block_hash": e.parent_block_hash,
+            "token_ids": list(e.token_ids),
+            "block_size": e.block_size,
+            "group_idx": e.group,
+            "kv_cache_spec_kind": e.kind,
+            "medium": e.medium,
+        }
+    if isinstance(e, BlockRemoved):
+        return {
+            "type": "BlockRemoved",
+            "block_hashes": list(e.block_hashes),
+            "group_idx": e.group,
+            "medium": e.medium,
+        }
+    assert isinstance(e, AllBlocksCleared)
+    return {"type": "AllBlocksCleared"}

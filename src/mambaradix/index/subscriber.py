@@ -1,0 +1,138 @@
+"""Feed an `Indexer` from ZMQ publishers (vLLM, SGLang, or `events.ZmqPublisher`).
+
+Per worker: a SUB socket connected to its PUB endpoint (frames `(topic, seq, payload)`),
+and, when given, a DEALER socket to its replay ROUTER. What a worker's `WorkerFeed`
+asks for (a replay from a seq, or a snapshot) is sent there; the answers are offered to
+the feed like live batches, and the end marker closes the request. Every wait is bounded:
+`poll(timeout_s)` returns after at most about `timeout_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import AbstractContextManager, nullcontext
+
+import zmq
+
+from mambaradix.events.publisher import END_SEQ
+from mambaradix.index.feed import WorkerFeed
+from mambaradix.index.indexer import Indexer
+
+log = logging.getLogger("mambaradix.index")
+
+
+class ZmqSubscriber:
+    """`lock` (optional) is held while the indexer changes, for readers in other threads."""
+
+    def __init__(
+        self,
+        indexer: Indexer,
+        lock: threading.Lock | None = None,
+        timeout_s: float = 2.0,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        self.indexer, self.timeout_s = indexer, timeout_s
+        self._lock: AbstractContextManager[object] = lock if lock is not None else nullcontext()
+        self._ctx = context or zmq.Context.instance()
+        self._poller = zmq.Poller()
+        self.feeds: dict[int, WorkerFeed] = {}
+        self._by_socket: dict[zmq.Socket[bytes], tuple[WorkerFeed, bool]] = {}
+        self._replay: dict[int, zmq.Socket[bytes]] = {}
+        self.bad_frames = 0
+
+    def add(self, worker_id: int, endpoint: str, replay_endpoint: str | None = None) -> None:
+        """Subscribe to a worker's publisher (and its replay socket, if any)."""
+        if worker_id in self.feeds:
+            raise ValueError(f"worker {worker_id} is already subscribed")
+        sockets: list[zmq.Socket[bytes]] = []
+        try:  # a bad address fails here, before anything is registered
+            sockets.append(self._socket(zmq.SUB, endpoint))
+            if replay_endpoint is not None:
+                sockets.append(self._socket(zmq.DEALER, replay_endpoint))
+        except zmq.ZMQError:
+            for sock in sockets:
+                sock.close(linger=0)
+            raise
+        sockets[0].setsockopt(zmq.SUBSCRIBE, b"")
+        with self._lock:
+            feed = WorkerFeed(self.indexer, worker_id, timeout_s=self.timeout_s)
+        for sock, is_replay in zip(sockets, (False, True), strict=False):
+            self._by_socket[sock] = (feed, is_replay)
+            self._poller.register(sock, zmq.POLLIN)
+        if replay_endpoint is not None:
+            self._replay[worker_id] = sockets[1]
+            with self._lock:
+                feed.start_cold(time.monotonic())
+        self.feeds[worker_id] = feed
+
+    def _socket(self, kind: int, endpoint: str) -> zmq.Socket[bytes]:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError:
+            sock.close(linger=0)
+            raise
+        return sock
+
+    def poll(self, timeout_s: float = 0.1) -> int:
+        """Receive and apply what arrives within `timeout_s`; returns batches received."""
+        got = 0
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._send_requests()
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            ready = dict(self._poller.poll(left_ms if got == 0 else 0))
+            if not ready:
+                break
+            for sock in ready:
+                got += self._receive(sock)
+        now = time.monotonic()
+        with self._lock:
+            for feed in self.feeds.values():
+                feed.tick(now)
+        self._send_requests()
+        return got
+
+    def run(self, stop: threading.Event, interval_s: float = 0.1) -> None:
+        """Poll until `stop` is set."""
+        while not stop.is_set():
+            self.poll(interval_s)
+
+    def _receive(self, sock: zmq.Socket[bytes]) -> int:
+        feed, is_replay = self._by_socket[sock]
+        frames = sock.recv_multipart(zmq.NOBLOCK)
+        frames = frames[1:] if is_replay and frames and frames[0] == b"" else frames
+        if is_replay and len(frames) == 2 and frames[0] == END_SEQ:
+            with self._lock:
+                feed.replay_ended(time.monotonic())
+            return 0
+        if len(frames) == 3 and not is_replay:
+            frames = frames[1:]
+        if len(frames) != 2 or len(frames[0]) != 8:
+            self.bad_frames += 1
+            log.warning("worker %s: a message of %d frames ignored", feed.worker_id, len(frames))
+            return 0
+        with self._lock:
+            feed.offer(int.from_bytes(frames[0], "big"), frames[1], time.monotonic())
+        return 1
+
+    def _send_requests(self) -> None:
+        for worker_id, feed in self.feeds.items():
+            request = feed.take_request()
+            if request is None:
+                continue
+            dealer = self._replay.get(worker_id)
+            if dealer is None:
+                with self._lock:
+                    feed.replay_ended(time.monotonic())  # nobody to ask
+            else:
+                dealer.send_multipart([b"", request])
+
+    def close(self) -> None:
+        for sock in self._by_socket:
+            self._poller.unregister(sock)
+            sock.close(linger=0)
+        self._by_socket.clear()

@@ -1,0 +1,139 @@
+"""Indexer: KV overlap, usable prefix and tail per worker, from hand-built event streams.
+
+Block size 2 throughout; a worker's block hashes are arbitrary names (the indexer keys
+blocks by their tokens and uses hashes only to find parents and removals)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mambaradix.events import AllBlocksCleared, BlockRemoved, BlockStored
+from mambaradix.index import Indexer, Overlap
+
+
+def kv(hashes: list[int], parent: int | None, tokens: list[int], **kw: object) -> BlockStored:
+    return BlockStored(tuple(hashes), parent, tokens, 2, **kw)  # type: ignore[arg-type]
+
+
+def state(h: int, tokens: list[int]) -> BlockStored:
+    return BlockStored((h,), None, tokens, 2, 1, "mamba")
+
+
+PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # four full blocks and a token
+
+
+def test_overlap_usable_and_tail() -> None:
+    ix = Indexer(2)
+    ix.apply(7, [kv([10, 11, 12], None, [1, 2, 3, 4, 5, 6]), state(11, [3, 4])])
+    assert ix.query(PROMPT) == {7: Overlap(6, 4, 2)}
+    ix.apply(7, [state(12, [5, 6])])
+    assert ix.query(PROMPT) == {7: Overlap(6, 6, 0)}
+    ix.apply(7, [BlockRemoved((12,), 1)])  # the state goes, its KV stays
+    assert ix.query(PROMPT) == {7: Overlap(6, 4, 2)}
+    ix.apply(7, [BlockRemoved((11,))])  # a hole: KV stops at block 0, so do states
+    assert ix.query(PROMPT) == {7: Overlap(2, 0, 2)}
+
+
+def test_usable_leaves_one_token_to_prefill() -> None:
+    ix = Indexer(2)
+    ix.apply(0, [kv([1, 2], None, [1, 2, 3, 4]), state(1, [1, 2]), state(2, [3, 4])])
+    assert ix.query([1, 2, 3, 4]) == {0: Overlap(4, 2, 2)}  # a state at 4 needs 5 tokens
+    assert ix.query([1, 2, 3, 4, 0]) == {0: Overlap(4, 4, 0)}
+    assert ix.query([1, 2, 3]) == {0: Overlap(2, 2, 0)}
+    assert ix.query([]) == {0: Overlap(0, 0, 0)}
+
+
+def test_workers_share_blocks_and_differ_in_states() -> None:
+    ix = Indexer(2)
+    ix.apply(1, [kv([100, 101], None, [1, 2, 3, 4]), state(101, [3, 4])])
+    ix.apply(2, [kv([7, 8, 9], None, [1, 2, 3, 4, 5, 6]), state(7, [1, 2])])
+    ix.apply(3, [kv([5], None, [9, 9])])
+    assert ix.query(PROMPT) == {1: Overlap(4, 4, 0), 2: Overlap(6, 2, 4), 3: Overlap(0, 0, 0)}
+    ix.apply(2, [AllBlocksCleared()])
+    assert ix.query(PROMPT)[2] == Overlap(0, 0, 0)
+    assert ix.query(PROMPT)[1] == Overlap(4, 4, 0)
+
+
+def test_a_state_announced_before_its_kv_counts_once_the_kv_comes() -> None:
+    ix = Indexer(2)
+    ix.apply(0, [state(1, [1, 2])])
+    assert ix.query(PROMPT) == {0: Overlap(0, 0, 0)}
+    ix.apply(0, [kv([1], None, [1, 2])])
+    assert ix.query(PROMPT) == {0: Overlap(2, 2, 0)}
+
+
+def test_a_block_whose_parent_was_never_stored_is_not_credited() -> None:
+    ix = Indexer(2)
+    ix.apply(0, [kv([2], 1, [3, 4]), state(2, [3, 4])])
+    assert ix.query([3, 4, 5]) == {0: Overlap(0, 0, 0)}  # not placed at the root either
+    assert ix.worker_info(0)["skipped"] == {"parent never stored": 1}
+    assert ix.worker_info(0)["blocks"] == 0
+
+
+def test_what_does_not_count() -> None:
+    ix = Indexer(2)
+    ix.apply(
+        0,
+        [
+            BlockStored((1,), None, [1, 2], 4),  # another block size
+            kv([2], None, [1, 2], medium="CPU_PINNED"),  # not on the device
+            kv([3], None, [1, 2], group=2, kind="sliding_window"),  # not the whole prefix
+            kv([4], None, [1, 2], group=3, kind=None),  # a group never described
+        ],
+    )
+    assert ix.query(PROMPT) == {0: Overlap(0, 0, 0)}
+    assert sum(ix.worker_info(0)["skipped"].values()) == 4
+
+
+def test_removals_follow_the_group_kind_learned_from_stores() -> None:
+    ix = Indexer(2)
+    ix.apply(0, [kv([1, 2], None, [1, 2, 3, 4], group=1, kind="mla_attention")])
+    ix.apply(0, [BlockStored((2,), 1, [3, 4], 2, 0, "mamba")])  # states in group 0 here
+    assert ix.query(PROMPT) == {0: Overlap(4, 4, 0)}
+    ix.apply(0, [BlockRemoved((2,), 0)])  # group 0 is the state group: KV stays
+    assert ix.query(PROMPT) == {0: Overlap(4, 0, 4)}
+    ix.apply(0, [BlockRemoved((2,), 5)])  # an unknown group: drop KV and state, to be safe
+    assert ix.query(PROMPT) == {0: Overlap(2, 0, 2)}
+
+
+def test_attention_only_worker_reuses_any_block_end() -> None:
+    ix = Indexer(2)
+    ix.add_worker(4, hybrid=False)
+    ix.apply(4, [kv([1, 2], None, [1, 2, 3, 4])])
+    assert ix.query([1, 2, 3, 4]) == {4: Overlap(4, 2, 2)}
+    assert ix.query(PROMPT) == {4: Overlap(4, 4, 0)}
+
+
+def test_dump_rebuilds_the_worker() -> None:
+    ix = Indexer(2)
+    ix.apply(0, [kv([1, 2, 3], None, [1, 2, 3, 4, 5, 6]), state(2, [3, 4])])
+    ix.apply(0, [kv([9], 1, [7, 7]), BlockRemoved((3,))])
+    fresh = Indexer(2)
+    fresh.apply(5, ix.dump(0))
+    for q in (PROMPT, [1, 2, 7, 7, 0], [1, 2, 3, 4, 5, 6, 0]):
+        assert fresh.query(q)[5] == ix.query(q)[0]
+
+
+def test_removing_a_worker_prunes_its_blocks() -> None:
+    ix = Indexer(2)
+    ix.apply(0, [kv([1, 2], None, [1, 2, 3, 4])])
+    ix.remove_worker(0)
+    assert ix.query(PROMPT) == {} and ix.worker_ids() == []
+    assert not ix._root.children
+
+
+def test_bad_input() -> None:
+    with pytest.raises(ValueError, match="block_size"):
+        Indexer(0)
+    ix = Indexer(2)
+    with pytest.raises(ValueError, match="worker_id"):
+        ix.add_worker(-1)
+    ix.add_worker(1)
+    with pytest.raises(ValueError, match="already"):
+        ix.add_worker(1)
+    with pytest.raises(TypeError, match="token_ids"):
+        ix.query(["a"])
+    with pytest.raises(KeyError):
+        ix.dump(2)
+    ix.apply(1, [kv([1], None, [1, "x"])])  # a bad event from a caller is skipped, not raised
+    assert ix.worker_info(1)["skipped"] == {"token_ids not int64": 1}

@@ -1,0 +1,198 @@
+"""Property: the indexer, fed only the emitter's events, knows what the tree knows.
+
+A Hypothesis state machine drives a `MambaRadixCache` through random operations (insert,
+insert under a namespace, match, lock, unlock, evict KV, evict states, evict a chosen
+state or leaf, reset) with an `EventEmitter` on it; after every step the emitted events
+go to an `Indexer` (worker 0), and for every probe prompt Q (the keys inserted lately,
+each cut short and extended by an unseen token):
+
+* KV overlap: `longest_matched` == the tree's contiguous KV for Q, `match_prefix(Q)
+  .kv_hit_len`, floored to whole blocks (B = the emitter's block size);
+* usable prefix at block granularity: `usable` == the largest p, a multiple of B with
+  p <= len(Q) - 1, at which the tree reuses exactly p tokens (`match_prefix(Q[:p])
+  .prefix_len == p`, i.e. a state sits at p on Q's path), else 0;
+* the same answers from a second indexer fed the events through the vLLM wire format,
+  and from a fresh indexer fed only `dump()` (a router that starts cold);
+* through the SGLang wire format (KV only) the overlap is the same, and a hybrid
+  worker's usable prefix is 0: a KV-only stream cannot prove any state.
+
+Namespaced keys are never announced, so they are never credited (the oracle, a match
+without a namespace, does not see them either).
+"""
+
+from __future__ import annotations
+
+import os
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from mambaradix import LockReceipt, MambaRadixCache
+from mambaradix.events import EventEmitter
+from mambaradix.events.wire import decode_batch, encode_batch
+from mambaradix.index import Indexer
+
+ALPHABET = st.integers(0, 2)
+UNSEEN = 9  # a token no key contains: extends a probe past everything cached
+
+if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
+    MACHINE_SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
+else:
+    MACHINE_SETTINGS = settings(deadline=None)
+
+
+class IndexMachine(RuleBasedStateMachine):
+    COMPAT: str | None = None
+    PAGE = 1
+    BLOCK = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tree = MambaRadixCache(
+            page_size=self.PAGE, chunk_size=4 * self.PAGE, compat=self.COMPAT
+        )
+        self.emitter = EventEmitter(self.tree, self.BLOCK)
+        self.direct = Indexer(self.BLOCK)
+        self.vllm = Indexer(self.BLOCK)
+        self.sglang = Indexer(self.BLOCK)
+        for ix in (self.direct, self.vllm, self.sglang):
+            ix.add_worker(0)
+        self.next_kv = 0
+        self.next_state = 0
+        self.locks: list[LockReceipt] = []
+        self.probes: list[list[int]] = []
+
+    def _key(self, pages: list[list[int]]) -> list[int]:
+        return [t for page in pages for t in page]
+
+    def _feed(self) -> None:
+        events = self.emitter.take()
+        self.direct.apply(0, events)
+        for ix, fmt in ((self.vllm, "vllm"), (self.sglang, "sglang")):
+            batch = decode_batch(encode_batch(events, fmt))
+            assert not batch.problems
+            ix.apply(0, batch.events)
+
+    def _insert(self, key: list[int], extra_key: object = None) -> None:
+        n = len(key)
+        kv = list(range(self.next_kv, self.next_kv + n))
+        self.next_kv += n
+        self.tree.insert(key, kv, self.next_state, extra_key=extra_key)
+        self.next_state += 1
+        self._feed()
+
+    def _probe(self, key: list[int]) -> None:
+        self.probes = (self.probes + [key, key[: len(key) - 1], key + [UNSEEN]])[-12:]
+
+    @rule(
+        pages=st.lists(st.lists(ALPHABET, min_size=1, max_size=1), min_size=1, max_size=8),
+        base=st.integers(0, 11),
+        cut=st.integers(0, 8),
+    )
+    def insert(self, pages: list[list[int]], base: int, cut: int) -> None:
+        """A new key, often sharing a prefix with a probe (a cached key or a cut of one)."""
+        head: list[int] = []
+        if self.probes:
+            head = self.probes[base % len(self.probes)]
+            head = [t for t in head if t != UNSEEN][: cut * self.PAGE]
+            head = head[: len(head) // self.PAGE * self.PAGE]
+        key = head + self._key([p * self.PAGE for p in pages])
+        self._insert(key)
+        self._probe(key)
+
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=6))
+    def insert_namespaced(self, pages: list[int]) -> None:
+        key = [t for t in pages for _ in range(self.PAGE)]
+        self._insert(key, extra_key="tenant")
+        self._probe(key)
+
+    @rule(i=st.integers(0, 11), cut=st.integers(0, 8), lock=st.booleans())
+    def match(self, i: int, cut: int, lock: bool) -> None:
+        if not self.probes:
+            return
+        key = self.probes[i % len(self.probes)][: cut * self.PAGE + 1]
+        m = self.tree.match_prefix(key)
+        if lock and len(self.locks) < 6:
+            self.locks.append(self.tree.inc_lock_ref(m.node))
+        self._feed()  # compat="sglang" may split on match: nothing to announce
+
+    @precondition(lambda self: self.locks)
+    @rule(i=st.integers(0, 5))
+    def unlock(self, i: int) -> None:
+        self.tree.dec_lock_ref(self.locks.pop(i % len(self.locks)))
+
+    @rule(n=st.integers(1, 12))
+    def evict_kv(self, n: int) -> None:
+        self.tree.evict(kv_tokens=n)
+        self._feed()
+
+    @rule(n=st.integers(1, 3))
+    def evict_states(self, n: int) -> None:
+        self.tree.evict(states=n)
+        self._feed()
+
+    @rule(i=st.integers(0, 50), leaf=st.booleans())
+    def evict_chosen(self, i: int, leaf: bool) -> None:
+        nodes = self.tree.evictable_states()
+        if leaf:
+            nodes = [n for n in nodes if not n.children and not n.kv.lock]
+        if not nodes:
+            return
+        node = nodes[i % len(nodes)]
+        self.tree.evict_leaf(node) if leaf else self.tree.evict_state_of(node)
+        self._feed()
+
+    @rule()
+    def reset(self) -> None:
+        for receipt in self.locks:
+            self.tree.dec_lock_ref(receipt)
+        self.locks.clear()
+        self.tree.reset()
+        self._feed()
+
+    # ----------------------------------------------------------------- oracle
+
+    def _tree_answer(self, q: list[int]) -> tuple[int, int]:
+        size = self.BLOCK
+        kv = self.tree.match_prefix(q).kv_hit_len // size * size
+        usable = 0
+        for p in range((len(q) - 1) // size * size, 0, -size):
+            if self.tree.match_prefix(q[:p]).prefix_len == p:
+                usable = p
+                break
+        return kv, usable
+
+    @invariant()
+    def indexer_matches_tree(self) -> None:
+        cold = Indexer(self.BLOCK)
+        cold.apply(0, self.emitter.dump())
+        for q in self.probes:
+            kv, usable = self._tree_answer(q)
+            got = self.direct.query(q)[0]
+            assert (got.longest_matched, got.usable) == (kv, usable), (q, self.tree.pretty())
+            assert got.tail_recompute == kv - usable
+            assert self.vllm.query(q)[0] == got
+            assert cold.query(q)[0] == got
+            kv_only = self.sglang.query(q)[0]
+            assert (kv_only.longest_matched, kv_only.usable) == (kv, 0)
+        self._feed()  # the oracle's matches may split (compat="sglang"): still nothing new
+        assert not self.emitter.take()
+
+    def teardown(self) -> None:
+        for receipt in self.locks:
+            self.tree.dec_lock_ref(receipt)
+
+
+def _machine(compat: str | None, page: int, block: int) -> type[IndexMachine]:
+    name = f"Index{'Sglang' if compat else 'Default'}Page{page}Block{block}"
+    machine = type(name, (IndexMachine,), {"COMPAT": compat, "PAGE": page, "BLOCK": block})
+    machine.TestCase.settings = MACHINE_SETTINGS
+    return machine
+
+
+TestDefaultPage1Block2 = _machine(None, 1, 2).TestCase
+TestDefaultPage1Block3 = _machine(None, 1, 3).TestCase
+TestDefaultPage2Block4 = _machine(None, 2, 4).TestCase
+TestSglangPage1Block2 = _machine("sglang", 1, 2).TestCase
+TestSglangPage2Block2 = _machine("sglang", 2, 2).TestCase

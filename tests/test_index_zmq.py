@@ -1,0 +1,321 @@
+"""End to end on loopback: publisher -> ZMQ -> subscriber -> indexer -> HTTP.
+
+Every socket binds 127.0.0.1 (or an ipc:// path in a temporary directory); every wait is
+a loop bounded in time. The publisher and the subscriber run in this one thread, each
+loop turn serving replays and polling."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+
+from mambaradix import MambaRadixCache
+from mambaradix.events import EventEmitter
+from mambaradix.events.publisher import ZmqPublisher
+from mambaradix.events.wire import encode_batch
+from mambaradix.index import Indexer
+from mambaradix.index.server import IndexServer
+from mambaradix.index.subscriber import ZmqSubscriber
+from upstream_kv_events import sglang_kv_events
+
+B = 4
+LOOPBACK = "tcp://127.0.0.1:0"
+
+
+def wait_until(
+    done: Callable[[], bool], step: Callable[[], object], timeout_s: float = 10.0
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        step()
+
+
+class Producer:
+    """A tree with an emitter and a publisher; `truth` gets the same events in-process."""
+
+    def __init__(self, publisher_cls: type[ZmqPublisher] | None = ZmqPublisher, **kw: Any) -> None:
+        self.tree = MambaRadixCache(page_size=1)
+        self.emitter = EventEmitter(self.tree, B)
+        self.pub = (
+            publisher_cls(LOOPBACK, LOOPBACK, snapshot=self.emitter.dump, **kw)
+            if publisher_cls
+            else None
+        )
+        self.truth = Indexer(B)
+        self.truth.add_worker(1)
+        self.n = 0
+
+    def insert(self, key: list[int]) -> None:
+        self.tree.insert(key, list(range(self.n, self.n + len(key))), state=self.n)
+        self.n += len(key)
+        self.flush()
+
+    def flush(self) -> None:
+        events = self.emitter.take()
+        self.truth.apply(1, events)
+        if self.pub is not None:
+            self.pub.publish(events)
+
+
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 9, 9, 9, 9, 0], [5, 5, 5, 5, 5, 5, 5, 5, 0]]
+
+
+def keys(i: int) -> list[int]:
+    return [[1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [5] * 8, [1, 2, 3, 4, 9, 9, 9, 9]][i % 4]
+
+
+def same_answers(ix: Indexer, truth: Indexer) -> bool:
+    return all(ix.query(q).get(1) == truth.query(q)[1] for q in PROMPTS)
+
+
+def test_cold_start_gets_a_snapshot_when_the_buffer_is_short() -> None:
+    prod = Producer(buffer_steps=2)
+    for i in range(5):
+        prod.insert(keys(i))
+    prod.tree.evict(states=1)
+    prod.flush()
+    ix = Indexer(B)
+    sub = ZmqSubscriber(ix)
+    try:
+        sub.add(1, prod.pub.endpoint, prod.pub.replay_endpoint)
+        feed = sub.feeds[1]
+        wait_until(
+            lambda: feed.last == prod.pub.last_seq,
+            lambda: (prod.pub.serve_replay(0.01), sub.poll(0.01)),
+        )
+        assert feed.counts["applied"] == 1  # one snapshot, not the six batches
+        assert same_answers(ix, prod.truth)
+        prod.insert([1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9])  # then live batches follow
+        wait_until(lambda: feed.last == prod.pub.last_seq, lambda: sub.poll(0.01))
+        assert same_answers(ix, prod.truth)
+    finally:
+        sub.close()
+        prod.pub.close()
+
+
+class LossyPublisher(ZmqPublisher):
+    """Drops the live send of chosen batches; they stay in the replay buffer."""
+
+    lose: set[int] = set()
+
+    def _send(self, frames: list[bytes]) -> None:
+        if int.from_bytes(frames[1], "big") not in self.lose:
+            super()._send(frames)
+
+
+def test_a_lost_batch_is_replayed() -> None:
+    prod = Producer(LossyPublisher)
+    LossyPublisher.lose = {1, 2}
+    ix = Indexer(B)
+    sub = ZmqSubscriber(ix)
+    try:
+        sub.add(1, prod.pub.endpoint, prod.pub.replay_endpoint)
+        feed = sub.feeds[1]
+        prod.insert(keys(0))
+        wait_until(lambda: feed.last == 0, lambda: (prod.pub.serve_replay(0.01), sub.poll(0.01)))
+        for i in (1, 2, 3):
+            prod.insert(keys(i))  # seq 1 and 2 never arrive live; seq 3 reveals the gap
+        wait_until(lambda: feed.last == 3, lambda: (prod.pub.serve_replay(0.01), sub.poll(0.01)))
+        assert feed.counts["replays"] >= 2  # the cold start, then the gap
+        assert feed.counts["cleared"] == 0
+        assert same_answers(ix, prod.truth)
+    finally:
+        sub.close()
+        prod.pub.close()
+
+
+def test_sglang_publisher_feeds_our_subscriber(tmp_path: Path) -> None:
+    """SGLang 0.5.15.post1's own ZmqEventPublisher (ipc:// sockets: it binds only those
+    or wildcards) publishes our SGLang-format batches; our subscriber replays from 0."""
+    up = sglang_kv_events()
+    prod = Producer(None)
+    publisher = up.ZmqEventPublisher(
+        0, f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay", buffer_steps=100
+    )
+    ix = Indexer(B)
+    sub = ZmqSubscriber(ix)
+    try:
+        for i in range(4):
+            prod.tree.insert(keys(i), list(range(len(keys(i)))), state=i)
+            events = prod.emitter.take()
+            prod.truth.apply(1, events)
+            batch = msgspec.msgpack.decode(encode_batch(events, "sglang"), type=up.KVEventBatch)
+            publisher.publish(batch)
+        sub.add(1, f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay")
+        wait_until(lambda: sub.feeds[1].last == 3, lambda: sub.poll(0.02))
+        for q in PROMPTS:  # a KV-only stream: the overlap, and no state proven
+            got, want = ix.query(q)[1], prod.truth.query(q)[1]
+            assert (got.longest_matched, got.usable) == (want.longest_matched, 0)
+    finally:
+        sub.close()
+        publisher.shutdown()
+        atexit.unregister(publisher.shutdown)  # it registered itself; once is enough
+
+
+# ------------------------------------------------------------------------ HTTP
+
+
+def request(url: str, body: Any = None) -> tuple[int, Any]:
+    data = (
+        None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    )
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data), timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture
+def server() -> Any:
+    prod = Producer(None)
+    prod.insert([1, 2, 3, 4, 5, 6, 7, 8])
+    prod.tree.insert([1, 2, 3, 4], [0, 1, 2, 3], state=99)  # a state at 4, KV to 8
+    prod.flush()
+    srv = IndexServer(("127.0.0.1", 0), prod.truth, threading.Lock())
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    thread.join(5)
+    srv.server_close()
+
+
+def test_http_query_workers_dump(server: str) -> None:
+    status, body = request(
+        server + "/query", {"model_name": "default", "token_ids": [1, 2, 3, 4, 5, 6, 7, 8, 0]}
+    )
+    assert status == 200
+    assert body == {
+        "instances": {"1": {"longest_matched": 8, "gpu": 8, "usable": 8, "tail_recompute": 0}},
+        "block_size": B,
+    }
+    status, body = request(
+        server + "/query", {"model_name": "default", "token_ids": [1, 2, 3, 4, 5, 6, 7, 8]}
+    )
+    assert body["instances"]["1"] == {
+        "longest_matched": 8,
+        "gpu": 8,
+        "usable": 4,
+        "tail_recompute": 4,
+    }
+    status, body = request(server + "/workers")
+    assert status == 200 and body[0]["instance_id"] == 1 and body[0]["states"] == 2
+    status, body = request(server + "/dump")
+    assert status == 200 and body["workers"]["1"][0] == {"type": "AllBlocksCleared"}
+    assert [e["token_ids"] for e in body["workers"]["1"][1:]] == [[1, 2, 3, 4]] * 2 + [
+        [5, 6, 7, 8]
+    ] * 2
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("/query", b"{not json", 400, "not JSON"),
+        ("/query", [1, 2], 400, "JSON object"),
+        ("/query", {"token_ids": "abc"}, 400, "token_ids"),
+        ("/query", {"token_ids": [1, True]}, 400, "token_ids"),
+        ("/query", {"token_ids": [2**70]}, 400, "64-bit"),
+        ("/query", {"model_name": "other", "token_ids": [1]}, 404, "model_name"),
+        ("/nope", {"token_ids": [1]}, 404, "unknown path"),
+    ],
+)
+def test_http_bad_requests(server: str, path: str, body: Any, status: int, message: str) -> None:
+    got, answer = request(server + path, body)
+    assert got == status and message in answer["error"]
+
+
+# ------------------------------------------------------------------------- CLI
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "mambaradix.cli", "index", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workers", "1=http://x"], "tcp://"),
+        (["--workers", "x=tcp://127.0.0.1:1"], "WORKER_ID=ENDPOINT"),
+        (["--workers", "1=tcp://127.0.0.1:1,1=tcp://127.0.0.1:2"], "twice"),
+        (["--workers", "1=tcp://127.0.0.1:1", "--block-size", "0"], "positive int"),
+        (["--workers", "1=tcp://127.0.0.1:1", "--replay", "2=tcp://127.0.0.1:2"], "worker 2"),
+        (["--workers", "1=tcp://127.0.0.1:1", "--port", "70000"], "port"),
+    ],
+)
+def test_cli_bad_input(args: list[str], message: str) -> None:
+    done = run_cli(*args)
+    assert done.returncode == 2 and message in done.stderr
+    assert done.stdout == ""
+
+
+def test_cli_serves_what_it_is_fed() -> None:
+    prod = Producer()
+    prod.insert([1, 2, 3, 4, 5, 6, 7, 8])
+    prod.tree.insert([1, 2, 3, 4], [0, 1, 2, 3], state=99)
+    prod.flush()
+    args = [
+        "--block-size",
+        str(B),
+        "--workers",
+        f"1={prod.pub.endpoint}",
+        "--replay",
+        f"1={prod.pub.replay_endpoint}",
+        "--port",
+        "0",
+        "--duration",
+        "20",
+    ]
+    cmd = [sys.executable, "-m", "mambaradix.cli", "index", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("mambaradix index: listening on http://127.0.0.1:")
+        url = line.split()[-1] + "/query"
+        query = {"model_name": "default", "token_ids": [1, 2, 3, 4, 5, 6, 7, 8]}
+        answer: dict[str, Any] = {}
+
+        def ask() -> None:
+            prod.pub.serve_replay(0.02)
+            answer.update(request(url, query)[1])
+
+        wait_until(lambda: answer.get("instances", {}).get("1", {}).get("gpu") == 8, ask)
+        assert answer["instances"]["1"] == {
+            "longest_matched": 8,
+            "gpu": 8,
+            "usable": 4,
+            "tail_recompute": 4,
+        }
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
+        prod.pub.close()
+
+
+def test_bad_addresses_leave_nothing_behind() -> None:
+    ix = Indexer(B)
+    sub = ZmqSubscriber(ix)
+    with pytest.raises(zmq.ZMQError):
+        sub.add(1, "tcp://127.0.0.1:1", "tcp://no-such-host-name:-1")
+    assert sub.feeds == {} and ix.worker_ids() == []
+    with pytest.raises(ValueError, match="fmt"):
+        ZmqPublisher(LOOPBACK, fmt="json")
+    with pytest.raises(ValueError, match="buffer_steps"):
+        ZmqPublisher(LOOPBACK, buffer_steps=0)
+    sub.close()
