@@ -6,4 +6,5 @@ bash scripts/setup.sh
 bash scripts/setup-dynamo.sh   # Dynamo's indexer, in its own venv, for the interop test
 .venv/bin/ruff check src tests bench
 .venv/bin/mypy
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "$@"                 # the default tier (< 5 min on 2 cores)
+.venv/bin/python -m pytest -m slow "$@"         # the slow tier: long randomized runs

@@ -143,7 +143,7 @@ def main() -> int:
 def scenario(s: Stream) -> dict[str, Any]:
     s.settle()
     s.tree.insert(A, list(range(32)), state=0)
-    s.tree.insert(A + B + C, list(range(80)), state=1)
+    s.tree.insert(A + B + C, list(range(80)), state=1, prev_prefix_len=32)
     s.publish(s.emitter.take())
     s.settle()
     prompt = A + B + D

@@ -15,6 +15,14 @@ from mambaradix import MambaRadixCache
 from mambaradix.events import AllBlocksCleared, BlockRemoved, BlockStored, EventEmitter
 
 
+_NEXT_KV = iter(range(10**9))
+
+
+def fresh(n: int) -> list[int]:
+    """n KV indices never used before (a caller's own, as insert requires)."""
+    return [next(_NEXT_KV) for _ in range(n)]
+
+
 def ref_hashes(tokens: list[int], size: int) -> list[int]:
     out, prev = [], b""
     for i in range(len(tokens) // size):
@@ -40,10 +48,10 @@ def setup(page: int = 1, size: int = 4) -> tuple[MambaRadixCache, EventEmitter]:
 def test_only_full_blocks_and_states_on_the_grid() -> None:
     tree, em = setup()
     key = list(range(1, 11))  # 10 tokens: two full blocks, a state at 10 (off the grid)
-    tree.insert(key, list(range(10)), state=0)
+    tree.insert(key, fresh(len(key)), state=0)
     h = ref_hashes(key, 4)
     assert em.take() == [kv(h, None, key[:8])]
-    tree.insert(key[:8], list(range(8)), state=1)  # splits at 8; the tombstone there revives
+    tree.insert(key[:8], fresh(len(key[:8])), state=1)  # splits at 8; the tombstone there revives
     assert em.take() == [state(h[1], h[0], key[4:8])]
 
 
@@ -51,8 +59,8 @@ def test_a_block_across_a_split_is_announced_once_with_its_chain() -> None:
     tree, em = setup()
     a = [1, 2, 3, 4, 5, 6, 7, 8]
     b = [1, 2, 3, 4, 5, 6, 50, 51]
-    tree.insert(a, list(range(8)), state=0)
-    tree.insert(b, list(range(8)), state=1)  # split at 6; the leaf [50, 51] completes block 1
+    tree.insert(a, fresh(len(a)), state=0)
+    tree.insert(b, fresh(len(b)), state=1)  # split at 6; the leaf [50, 51] completes block 1
     ha, hb = ref_hashes(a, 4), ref_hashes(b, 4)
     assert ha[0] == hb[0]
     assert em.take() == [
@@ -78,8 +86,8 @@ def test_a_block_goes_when_any_of_its_tokens_goes() -> None:
     tree, em = setup()
     a = [1, 2, 3, 4, 5, 6, 7, 8]
     b = [1, 2, 3, 4, 5, 6, 50, 51]
-    tree.insert(a, list(range(8)), state=0)
-    tree.insert(b, list(range(8)), state=1)
+    tree.insert(a, fresh(len(a)), state=0)
+    tree.insert(b, fresh(len(b)), state=1)
     em.take()
     ha, hb = ref_hashes(a, 4), ref_hashes(b, 4)
     tree.evict_leaf(tree.peek(b))  # tokens 50, 51 go: block 1 of b goes, block 0 stays
@@ -91,8 +99,8 @@ def test_a_block_goes_when_any_of_its_tokens_goes() -> None:
 def test_tombstoning_retracts_the_state_only() -> None:
     tree, em = setup()
     a = list(range(1, 9))
-    tree.insert(a[:4], list(range(4)), state=0)
-    tree.insert(a, list(range(8)), state=1)
+    tree.insert(a[:4], fresh(len(a[:4])), state=0)
+    tree.insert(a, fresh(len(a)), state=1)
     em.take()
     h = ref_hashes(a, 4)
     tree.evict_state_of(tree.peek(a[:4]))
@@ -101,9 +109,9 @@ def test_tombstoning_retracts_the_state_only() -> None:
 
 def test_reset_clears_and_hashes_start_over() -> None:
     tree, em = setup()
-    tree.insert([1, 2, 3, 4], [0, 1, 2, 3], state=0)
+    tree.insert([1, 2, 3, 4], fresh(4), state=0)
     tree.reset()
-    tree.insert([1, 2, 3, 4], [0, 1, 2, 3], state=1)
+    tree.insert([1, 2, 3, 4], fresh(4), state=1)
     h = ref_hashes([1, 2, 3, 4], 4)
     events = em.take()
     assert events[2] == AllBlocksCleared()
@@ -112,7 +120,7 @@ def test_reset_clears_and_hashes_start_over() -> None:
 
 def test_attaching_to_a_filled_tree_announces_its_contents() -> None:
     tree = MambaRadixCache(page_size=2)
-    tree.insert([1, 2, 3, 4, 5, 6], list(range(6)), state=0)
+    tree.insert([1, 2, 3, 4, 5, 6], fresh(6), state=0)
     em = EventEmitter(tree, 2)
     h = ref_hashes([1, 2, 3, 4, 5, 6], 2)
     assert em.take() == [
@@ -120,15 +128,15 @@ def test_attaching_to_a_filled_tree_announces_its_contents() -> None:
         state(h[2], h[1], [5, 6], 2),
     ]
     em.close()
-    tree.insert([9, 9], [7, 8], state=1)
+    tree.insert([9, 9], fresh(2), state=1)
     assert em.take() == []
 
 
 def test_namespaces_and_tokens_beyond_uint32_are_not_announced() -> None:
     tree, em = setup()
-    tree.insert([1, 2, 3, 4], [0, 1, 2, 3], state=0, extra_key="tenant")
-    tree.insert([1, 2, 3, 4, 5, 6, 7, 8], list(range(8)), state=1, extra_key="tenant")
-    tree.insert([2**32, 1, 2, 3], [0, 1, 2, 3], state=2)
+    tree.insert([1, 2, 3, 4], fresh(4), state=0, extra_key="tenant")
+    tree.insert([1, 2, 3, 4, 5, 6, 7, 8], fresh(8), state=1, extra_key="tenant")
+    tree.insert([2**32, 1, 2, 3], fresh(4), state=2)
     assert em.take() == []
     assert em.skipped_blocks == 3
     assert em.dump() == [AllBlocksCleared()]
@@ -144,5 +152,5 @@ def test_bad_arguments() -> None:
         EventEmitter(tree, True)
     with pytest.raises(TypeError, match="tree"):
         EventEmitter(object(), 4)  # type: ignore[arg-type]
-    tree.insert([1, 2, 3, 4], [0, 1, 2, 3], state=0)
+    tree.insert([1, 2, 3, 4], fresh(4), state=0)
     assert len(tree._listeners) == 0  # no half-made emitter is left listening

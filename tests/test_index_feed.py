@@ -156,7 +156,7 @@ def stream(ops: list[tuple[int, int]]) -> tuple[list[list[object]], list[list[in
     for i, (kind, arg) in enumerate(ops):
         if kind == 0:
             key = [arg % 3, arg // 3 % 3, 1, 2, arg % 2][: 2 + arg % 4]
-            tree.insert(key, list(range(len(key))), state=i)
+            tree.insert(key, list(range(1000 * i, 1000 * i + len(key))), state=i)
             probes.append(key + [9])
         elif kind == 1:
             tree.evict(kv_tokens=1 + arg % 3)

@@ -150,7 +150,7 @@ def test_sglang_publisher_feeds_our_subscriber(tmp_path: Path) -> None:
     sub = ZmqSubscriber(ix)
     try:
         for i in range(4):
-            prod.tree.insert(keys(i), list(range(len(keys(i)))), state=i)
+            prod.tree.insert(keys(i), list(range(1000 * i, 1000 * i + len(keys(i)))), state=i)
             events = prod.emitter.take()
             prod.truth.apply(1, events)
             batch = msgspec.msgpack.decode(encode_batch(events, "sglang"), type=up.KVEventBatch)
@@ -184,7 +184,7 @@ def request(url: str, body: Any = None) -> tuple[int, Any]:
 def server() -> Any:
     prod = Producer(None)
     prod.insert([1, 2, 3, 4, 5, 6, 7, 8])
-    prod.tree.insert([1, 2, 3, 4], [0, 1, 2, 3], state=99)  # a state at 4, KV to 8
+    prod.tree.insert([1, 2, 3, 4], [0, 1, 2, 3], state=99, prev_prefix_len=4)  # a state at 4, KV to 8
     prod.flush()
     srv = IndexServer(("127.0.0.1", 0), prod.truth, threading.Lock())
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05})
@@ -267,7 +267,7 @@ def test_cli_bad_input(args: list[str], message: str) -> None:
 def test_cli_serves_what_it_is_fed() -> None:
     prod = Producer()
     prod.insert([1, 2, 3, 4, 5, 6, 7, 8])
-    prod.tree.insert([1, 2, 3, 4], [0, 1, 2, 3], state=99)
+    prod.tree.insert([1, 2, 3, 4], [0, 1, 2, 3], state=99, prev_prefix_len=4)
     prod.flush()
     args = [
         "--block-size",

@@ -53,22 +53,22 @@ def test_insert_new_leaf_split_and_revive() -> None:
     tree, rec = tree_with()
     tree.insert([1, 2, 3, 4], [10, 11, 12, 13], state=0)
     assert rec.take() == [("added", [1, 2, 3, 4], 0), ("state+", [1, 2, 3, 4], 0)]
-    tree.insert([1, 2, 7], [10, 11, 20], state=1)  # splits [1,2,3,4] after 2 tokens
+    tree.insert([1, 2, 7], [10, 11, 20], state=1, prev_prefix_len=2)  # splits [1,2,3,4] after 2 tokens
     assert rec.take() == [
         ("split", [1, 2], [3, 4]),
         ("added", [7], 1),
         ("state+", [7], 1),
     ]
-    tree.insert([1, 2], [10, 11], state=2)  # the split's upper node: a tombstone, revived
+    tree.insert([1, 2], [10, 11], state=2, prev_prefix_len=2)  # the split's upper node: a tombstone, revived
     assert rec.take() == [("state+", [1, 2], 2)]
-    tree.insert([1, 2, 3, 4], [10, 11, 12, 13], state=3)  # already holds a state: nothing
+    tree.insert([1, 2, 3, 4], [10, 11, 12, 13], state=3, prev_prefix_len=4)  # already holds a state: nothing
     assert rec.take() == []
 
 
 def test_state_eviction_tombstones_internal_node_and_deletes_leaf() -> None:
     tree, rec = tree_with()
     tree.insert([1, 2], [10, 11], state=0)
-    tree.insert([1, 2, 3], [10, 11, 12], state=1)
+    tree.insert([1, 2, 3], [10, 11, 12], state=1, prev_prefix_len=2)
     rec.take()
     tree.evict_state_of(tree.peek([1, 2]))  # internal: tombstone, KV stays
     assert rec.take() == [("state-", [1, 2])]
@@ -80,7 +80,7 @@ def test_state_eviction_tombstones_internal_node_and_deletes_leaf() -> None:
 def test_kv_eviction_reports_every_removed_node() -> None:
     tree, rec = tree_with()
     tree.insert([1, 2, 3], [10, 11, 12], state=0)
-    tree.insert([1, 2, 4], [10, 11, 13], state=1)
+    tree.insert([1, 2, 4], [10, 11, 13], state=1, prev_prefix_len=2)
     rec.take()
     tree.evict(kv_tokens=3)  # both leaves go (LRU first), then their tombstone parent
     assert rec.take() == [
