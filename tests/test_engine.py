@@ -206,7 +206,8 @@ def test_rejects_bad_prompts_and_oversized_requests(net: Any) -> None:
         eng.generate([[]])
     with pytest.raises(ValueError):
         eng.generate([[VOCAB + 5]])
-    with pytest.raises(RuntimeError):
+    # 40 prompt + 2 new + a page: admission wants 43 strictly below the pool.
+    with pytest.raises(ValueError, match=r"prompts\[0\] needs a KV pool of 44 tokens"):
         eng.generate([_tokens(random.Random(5), 40)], max_new_tokens=2)
     eng.check()  # the failed call gave everything back
     assert not eng.mgr.active

@@ -25,6 +25,7 @@ import torch
 
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.engine.adapter import PoolAdapter
+from mambaradix.engine.checks import check_engine_args, check_generate_args
 from mambaradix.engine.models import build_model
 from mambaradix.lifecycle import CacheManager, Evictor, Request, lru_evictor
 from mambaradix.pools import (
@@ -156,7 +157,22 @@ class Engine:
         evictor: Evictor = lru_evictor,
         sglang_rules: bool | None = None,
     ) -> None:
-        _check_sizes(kv_tokens, state_slots, chunk_size, max_running, page_size)
+        check_engine_args(
+            model=model,
+            seed=seed,
+            prefix_cache=prefix_cache,
+            kv_tokens=kv_tokens,
+            state_slots=state_slots,
+            chunk_size=chunk_size,
+            max_running=max_running,
+            max_context=max_context,
+            dtype=dtype,
+            model_overrides=model_overrides,
+            page_size=page_size,
+            strategy=strategy,
+            compat=compat,
+            track_interval=track_interval,
+        )
         self.model_name = model
         self.net = net if net is not None else build_model(model, seed, dtype, model_overrides)
         self.prefix_cache = prefix_cache
@@ -204,8 +220,10 @@ class Engine:
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int = 16) -> list[Result]:
         """Greedy-decode `max_new_tokens` for every prompt (token id lists),
-        batched by the scheduler. Returns one `Result` per prompt."""
-        self._check_prompts(prompts, max_new_tokens)
+        batched by the scheduler. Returns one `Result` per prompt.
+        TypeError / ValueError first for ids that are not ints in the
+        vocabulary, and for a prompt that cannot be admitted even alone."""
+        prompts = check_generate_args(self, prompts, max_new_tokens)
         if max_new_tokens == 0:
             return [Result(prompt_tokens=len(p)) for p in prompts]
         t0 = time.perf_counter()
@@ -220,19 +238,6 @@ class Engine:
                 self.scheduler.abort(seq)
             raise
         return [self._result(seq, t0) for seq in seqs]
-
-    def _check_prompts(self, prompts: list[list[int]], max_new_tokens: int) -> None:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-            raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-        if max_new_tokens < 0:
-            raise ValueError("max_new_tokens must be >= 0")
-        for p in prompts:
-            if not p:
-                raise ValueError("every prompt needs at least one token")
-            if any(isinstance(t, bool) or not isinstance(t, int) for t in p):
-                raise TypeError("prompt token ids must be ints")
-            if any(not 0 <= t < self.vocab_size for t in p):
-                raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
 
     def _result(self, seq: Sequence, t0: float) -> Result:
         s = self._stats
@@ -282,20 +287,3 @@ class Engine:
             self.mgr.kv.free(r.freed_kv)
         if r.freed_states:
             self.mgr.slots.free(r.freed_states)
-
-
-def _check_sizes(kv: object, slots: object, chunk: object, running: object, page: object) -> None:
-    for name, value in (
-        ("kv_tokens", kv),
-        ("state_slots", slots),
-        ("chunk_size", chunk),
-        ("max_running", running),
-        ("page_size", page),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {value!r}")
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    assert isinstance(kv, int) and isinstance(page, int)
-    if kv % page:
-        raise ValueError(f"kv_tokens ({kv}) must be a multiple of page_size ({page})")

@@ -7,6 +7,8 @@ import time
 from dataclasses import asdict, replace
 from typing import Any
 
+from mambaradix.replay.checks import check_inputs, check_paged, check_policies, policy_strategy
+from mambaradix.replay.fit import check_memory
 from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.policies import Marconi, make_policy
 from mambaradix.replay.serving import ServingConfig, ServingModel
@@ -18,7 +20,15 @@ TUNING_WINDOW = 1000  # requests replayed per alpha when Marconi tunes
 def replay(
     trace: Trace, profile: ModelProfile, policy_name: str, cfg: ServingConfig
 ) -> dict[str, Any]:
-    """Run the serving model and return the metrics of one (policy, memory) point."""
+    """Run the serving model and return the metrics of one (policy, memory) point.
+
+    TypeError / ValueError (naming the parameter) for inputs of the wrong type,
+    an unknown policy, a page size the policy cannot run at, or a memory point
+    at which no request of the trace fits (`fit.check_memory`)."""
+    check_inputs(trace, profile, cfg)
+    check_policies([policy_name], "policy_name")
+    check_paged([policy_name], trace, cfg, "policy_name")
+    check_memory(trace, profile, cfg, {policy_name: policy_strategy(policy_name)})
     policy = make_policy(policy_name)
     model = ServingModel(trace, profile, policy, cfg)
     if isinstance(policy, Marconi):
@@ -48,12 +58,15 @@ def _window_flops(
 
 def metrics(model: ServingModel, policy: str, cfg: ServingConfig) -> dict[str, Any]:
     """Hit rates are over every request of the trace: a dropped request (one
-    that could never fit) counts as a miss."""
+    that could never fit) counts as a miss, its prompt in the denominator.
+    TTFTs are over the served requests (None if none was)."""
     outs = model.outcomes
-    prompt = sum(o.input_tokens for o in outs) + sum(r.input_tokens for r in model.dropped)
+    index = {id(r): i for i, r in enumerate(model.trace.requests)}
+    dropped_prompt = sum(r.input_tokens for r in model.dropped)
+    prompt = sum(o.input_tokens for o in outs) + dropped_prompt
     hits = sum(o.hit_tokens for o in outs)
     requests = len(outs) + len(model.dropped)
-    ttfts = sorted(o.ttft_s for o in outs) or [0.0]
+    ttfts = sorted(o.ttft_s for o in outs)
     ev, unit = model.cache.evictions, model.units.unit
     return {
         "policy": policy,
@@ -61,14 +74,16 @@ def metrics(model: ServingModel, policy: str, cfg: ServingConfig) -> dict[str, A
         "requests": requests,
         "served": len(outs),
         "dropped": len(model.dropped),
+        "dropped_requests": sorted(index[id(r)] for r in model.dropped),
         "prompt_tokens": prompt,
+        "dropped_prompt_tokens": dropped_prompt,
         "cached_tokens": hits,
         "token_hit_rate": hits / max(1, prompt),
         "request_hit_rate": sum(1 for o in outs if o.hit_tokens) / max(1, requests),
         "kv_hit_tokens": sum(o.kv_hit_tokens for o in outs),
         "flops_saved": sum(o.flops_saved for o in outs),
-        "ttft_p50_s": statistics.median(ttfts),
-        "ttft_p95_s": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))],
+        "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
+        "ttft_p95_s": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else None,
         "retractions": sum(o.retractions for o in outs),
         "kv_tokens_evicted": ev["kv_tokens"] * unit,
         "states_evicted": ev["states"],

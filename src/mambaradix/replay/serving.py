@@ -20,12 +20,12 @@ a time, each prefilled, decoded and finished before the next starts.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager
 from mambaradix.pools import ReqToTokenTable
+from mambaradix.replay.checks import check_serving_config
 from mambaradix.replay.memory import NullStatePool, exact_pools, shared_pools, split_pools
 from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.policies import Policy, PolicyContext
@@ -66,34 +66,19 @@ class ServingConfig:
     state_slots: int | None = None
 
     def __post_init__(self) -> None:
-        _finite("memory_gb", self.memory_gb, lo=0.0)
-        if not 0 < self.state_fraction < 1 or not math.isfinite(self.state_fraction):
-            raise ValueError(f"state_fraction must lie in (0, 1), got {self.state_fraction!r}")
-        _finite("prefill_flops_per_s", self.prefill_flops_per_s, lo=0.0)
-        _finite("tpot_s", self.tpot_s, lo=0.0, inclusive=True)
-        if self.rate is not None:
-            _finite("rate", self.rate, lo=0.0)
-        for name in ("chunk_tokens", "max_running", "page_size", "track_interval"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.track_interval % self.page_size:
-            raise ValueError("track_interval must be a multiple of page_size")
-        for name in ("kv_units", "state_slots"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"{name} must be an int or None, got {value!r}")
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if (self.kv_units is None) != (self.state_slots is None):
-            raise ValueError("give both kv_units and state_slots, or neither")
+        check_serving_config(self)
 
 
-def _finite(name: str, value: object, lo: float, inclusive: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value < lo or (value == lo and not inclusive):
-        raise ValueError(f"{name} must be {'>=' if inclusive else '>'} {lo}, got {value!r}")
+def page_units(page_size: int, unit_tokens: int) -> int:
+    """The tree's page in trace units: a page of tokens on token traces; one
+    unit on block traces (blocks are whole pages; the page must divide them)."""
+    if unit_tokens == 1:
+        return page_size
+    if unit_tokens % page_size:
+        raise ValueError(
+            f"page_size {page_size} must divide the trace's {unit_tokens}-token blocks"
+        )
+    return 1
 
 
 @dataclass
@@ -196,20 +181,9 @@ class ServingModel:
 
     # ----------------------------------------------------------------- setup
 
-    def _page_units(self) -> int:
-        """The tree's page in units: a page of tokens on token traces; one unit
-        on block traces (blocks are whole pages)."""
-        page = self.cfg.page_size
-        if self.units.unit == 1:
-            return page
-        if self.units.unit % page:
-            raise ValueError(
-                f"page_size {page} must divide the trace's {self.units.unit}-token blocks"
-            )
-        return 1
-
     def _build_cache(self) -> CacheManager:
-        page, budget = self._page_units(), int(self.cfg.memory_gb * 1e9)
+        page = page_units(self.cfg.page_size, self.units.unit)
+        budget = int(self.cfg.memory_gb * 1e9)
         strategy = self.policy.strategy
         if page > 1 and strategy == "no_buffer":
             raise ValueError(
@@ -281,6 +255,10 @@ class ServingModel:
             if sched.step() == STALLED:
                 self._drop(sched.waiting[0])
             self._track_peaks()
+        # What is left was aborted by the scheduler (out of memory even alone
+        # while decoding): never served, so dropped too, not lost.
+        self.dropped += self.forward.requests.values()
+        self.forward.requests.clear()
 
     def _submit(self, i: int, tr: TraceRequest, at: float) -> None:
         n_out = max(1, len(tr.output_units))

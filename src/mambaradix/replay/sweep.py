@@ -4,22 +4,43 @@ processes, plus the bound; as JSON-ready data, a table and a plot."""
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import signal
+import sys
 from dataclasses import replace
 from typing import Any
 
 from mambaradix.replay.bound import bound_token_hit_rate
+from mambaradix.replay.checks import (
+    check_inputs,
+    check_paged,
+    check_policies,
+    check_reals,
+    check_workers,
+    policy_strategy,
+)
+from mambaradix.replay.fit import check_memory
 from mambaradix.replay.models import ModelProfile
+from mambaradix.replay.progress import Counter, counter
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace
 
 _WORK: tuple[Trace, ModelProfile] | None = None  # inherited by forked workers
+Point = tuple[str, ServingConfig]
 
 
-def _one(policy: str, cfg: ServingConfig) -> dict[str, Any]:
+def _one(point: Point) -> dict[str, Any]:
     assert _WORK is not None
-    return replay(_WORK[0], _WORK[1], policy, cfg)
+    return replay(_WORK[0], _WORK[1], *point)
+
+
+def _init_worker() -> None:
+    """A worker leaves Ctrl-C to the parent (which terminates it) and uses one
+    torch thread if torch was imported."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 def sweep(
@@ -33,40 +54,30 @@ def sweep(
     state_fractions: list[float] | None = None,
 ) -> dict[str, Any]:
     """Every (state fraction, memory, policy) point; several state fractions
-    sweep the split of memory between the KV pool and the state pool."""
-    global _WORK
-    _WORK = (trace, profile)
-    fractions = state_fractions or [base.state_fraction]
-    points = [
-        (p, replace(base, memory_gb=m, state_fraction=f))
-        for f in fractions
-        for m in memories
-        for p in policies
-    ]
-    workers = workers or min(len(points), os.cpu_count() or 1)
-    results: list[dict[str, Any]] = []
-    bar = _bar(len(points), progress)
-    if workers <= 1:
-        for p, cfg in points:
-            results.append(_one(p, cfg))
-            bar.update(1)
-    else:
-        import multiprocessing as mp
+    sweep the split of memory between the KV pool and the state pool.
 
-        ctx = mp.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            futures = [pool.submit(_one, p, cfg) for p, cfg in points]
-            for f in as_completed(futures):
-                results.append(f.result())
-                bar.update(1)
-    bar.close()
+    Checks every argument first (TypeError / ValueError naming it), including
+    that each memory point holds at least one request of the trace. Ctrl-C
+    (KeyboardInterrupt) terminates the worker processes before it propagates."""
+    points = _points(trace, profile, policies, memories, base, state_fractions)
+    workers = check_workers(workers) or min(len(points), os.cpu_count() or 1)
+    bound = bound_token_hit_rate(trace)
+    bar = counter(len(points), "replay", "run", show=progress)
+    try:
+        results = _run(points, trace, profile, min(workers, len(points)), bar)
+    finally:
+        bar.close()
     order = {(p, c.memory_gb, c.state_fraction): i for i, (p, c) in enumerate(points)}
     for r in results:
         r["state_fraction"] = r["config"]["state_fraction"]
-    results.sort(key=lambda r: order[(r["policy"], r["memory_gb"], r["state_fraction"])])
-    bound = bound_token_hit_rate(trace)
-    for r in results:
         r["share_of_bound"] = r["token_hit_rate"] / bound if bound else 0.0
+    results.sort(key=lambda r: order[(r["policy"], r["memory_gb"], r["state_fraction"])])
+    return _data(trace, profile, bound, results)
+
+
+def _data(
+    trace: Trace, profile: ModelProfile, bound: float, results: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {
         "trace": {
             "name": trace.name,
@@ -85,32 +96,88 @@ def sweep(
     }
 
 
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
+def _points(
+    trace: Trace,
+    profile: ModelProfile,
+    policies: list[str],
+    memories: list[float],
+    base: ServingConfig,
+    state_fractions: list[float] | None,
+) -> list[Point]:
+    """The checked sweep points, in table order (fraction, memory, policy)."""
+    check_inputs(trace, profile, base)
+    policies = check_policies(policies)
+    check_paged(policies, trace, base, "policies")
+    strategies = {p: policy_strategy(p) for p in policies}
+    memories = check_reals(memories, "memories", low=0)
+    fractions = [base.state_fraction]
+    if state_fractions is not None:
+        fractions = check_reals(state_fractions, "state_fractions", low=0, high=1)
+    for f in fractions:
+        for m in memories:
+            cfg = replace(base, memory_gb=m, state_fraction=f)
+            check_memory(trace, profile, cfg, strategies, "memories")
+    return [
+        (p, replace(base, memory_gb=m, state_fraction=f))
+        for f in fractions
+        for m in memories
+        for p in policies
+    ]
 
-    def close(self) -> None:
-        pass
 
-
-def _bar(total: int, show: bool) -> Any:
-    if not show:
-        return _NoBar()
+def _run(
+    points: list[Point], trace: Trace, profile: ModelProfile, workers: int, bar: Counter
+) -> list[dict[str, Any]]:
+    global _WORK
+    _WORK = (trace, profile)
     try:
-        from tqdm import tqdm
-    except ImportError:  # the replay extra is optional for library use
-        return _NoBar()
-    return tqdm(total=total, desc="replay", unit="run")
+        if workers <= 1:
+            results = []
+            for point in points:
+                results.append(_one(point))
+                bar.update(1)
+            return results
+        return _run_pool(points, workers, bar)
+    finally:
+        _WORK = None
+
+
+def _run_pool(points: list[Point], workers: int, bar: Counter) -> list[dict[str, Any]]:
+    """The points on `workers` forked processes. They are started with SIGINT
+    blocked (so a Ctrl-C cannot hit one before it ignores SIGINT) and are
+    terminated on any exception here, KeyboardInterrupt included."""
+    import multiprocessing as mp
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        pool = mp.get_context("fork").Pool(workers, initializer=_init_worker)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    results = []
+    try:
+        for r in pool.imap_unordered(_one, points):
+            results.append(r)
+            bar.update(1)
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+    return results
 
 
 def table(data: dict[str, Any]) -> str:
-    """The results as a fixed-width table, one row per (memory, policy)."""
+    """The results as a fixed-width table, one row per (memory, policy). Hit
+    rates are over all requests: `dropped` ones (never served) count as misses."""
+    w = max([12] + [len(r["policy"]) for r in data["results"]])
     head = (
-        f"{'memory':>7} {'policy':<12} {'tok hit':>8} {'of bound':>8} {'req hit':>8} "
-        f"{'PFLOP saved':>11} {'TTFT p50':>9} {'TTFT p95':>9} {'KV evict':>10} {'st evict':>8}"
+        f"{'memory':>7} {'policy':<{w}} {'tok hit':>8} {'of bound':>8} {'req hit':>8} "
+        f"{'dropped':>7} {'PFLOP saved':>11} {'TTFT p50':>9} {'TTFT p95':>9} "
+        f"{'KV evict':>11} {'st evict':>8}"
     )
     lines = [
-        f"trace {data['trace']['name']}: {data['trace']['requests']} requests, "
+        f"trace {data['trace']['name']}: {data['trace']['requests']:,} requests, "
         f"{data['trace']['prompt_tokens']:,} prompt tokens; model {data['model']['name']}; "
         f"bound (unlimited memory, a state everywhere): {data['bound']['token_hit_rate']:.1%}",
         head,
@@ -122,18 +189,42 @@ def table(data: dict[str, Any]) -> str:
         if several and r["state_fraction"] != shown:
             shown = r["state_fraction"]
             lines.append(f"  state pool {shown:.0%} of memory:")
-        lines.append(
-            f"{r['memory_gb']:>5g}GB {r['policy']:<12} {r['token_hit_rate']:>8.1%} "
-            f"{r['share_of_bound']:>8.1%} {r['request_hit_rate']:>8.1%} "
-            f"{r['flops_saved'] / 1e15:>11.1f} "
-            f"{r['ttft_p50_s']:>8.3f}s {r['ttft_p95_s']:>8.3f}s {r['kv_tokens_evicted']:>10,} "
-            f"{r['states_evicted']:>8,}"
-        )
+        lines.append(_row(r, w))
     return "\n".join(lines)
 
 
+def _seconds(x: float | None) -> str:
+    return f"{'-':>9}" if x is None else f"{x:>8.3f}s"
+
+
+def _row(r: dict[str, Any], w: int) -> str:
+    return (
+        f"{r['memory_gb']:>5g}GB {r['policy']:<{w}} {r['token_hit_rate']:>8.1%} "
+        f"{r['share_of_bound']:>8.1%} {r['request_hit_rate']:>8.1%} {r['dropped']:>7,} "
+        f"{r['flops_saved'] / 1e15:>11.1f} {_seconds(r['ttft_p50_s'])} "
+        f"{_seconds(r['ttft_p95_s'])} {r['kv_tokens_evicted']:>11,} {r['states_evicted']:>8,}"
+    )
+
+
+def _mark_dropped(ax: Any, results: list[dict[str, Any]]) -> None:
+    """A black cross on every point at which some requests were dropped."""
+    hit = [r for r in results if r["dropped"]]
+    if hit:
+        ax.scatter(
+            [r["memory_gb"] for r in hit],
+            [r["token_hit_rate"] for r in hit],
+            marker="x",
+            s=70,
+            color="black",
+            zorder=5,
+            label="requests dropped (counted as misses)",
+        )
+
+
 def plot(data: dict[str, Any], path: str) -> None:
-    """Token hit rate against memory, one line per policy, the bound as a line."""
+    """Token hit rate against memory, one line per policy, the bound as a line;
+    a cross marks the points at which requests were dropped. The format
+    follows `path`'s extension."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -153,6 +244,7 @@ def plot(data: dict[str, Any], path: str) -> None:
                 label=label,
                 linewidth=2.5 if p == "mambaradix" else 1.5,
             )
+    _mark_dropped(ax, data["results"])
     ax.axhline(
         data["bound"]["token_hit_rate"],
         color="black",

@@ -30,6 +30,30 @@ from mambaradix.scheduler.sequence import Sequence
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
 
 
+def admission_need(extend: int, max_new: int, page: int) -> int:
+    """What a request must stay strictly below the total budget with: the
+    tokens it extends, its remaining output (clipped at 4096) and one page."""
+    return extend + min(max(max_new, 0), CLIP_MAX_NEW_TOKENS) + page
+
+
+def fits_alone(prompt: int, max_new: int, page: int, kv_capacity: int) -> bool:
+    """Whether a request of `prompt` tokens generating `max_new` more can run
+    at all in a KV pool of `kv_capacity` tokens: alone, with everything cached
+    evictable (its matched prefix is locked, so it drops out of both sides of
+    the admission test), and its last token's page held when decoding ends
+    (which only binds when `max_new` exceeds the 4096 clip)."""
+    last = prompt + max(max_new, 1) - 1
+    held = -(-last // page) * page
+    return admission_need(prompt, max_new, page) < kv_capacity and held <= kv_capacity
+
+
+def slots_alone(track_slots: int, reuses: bool = True) -> int:
+    """State slots a request holds while it runs alone: its running state,
+    extra_buffer's `track_slots` and, when it reuses a cached state, that
+    state too (locked while its copy is staged)."""
+    return 1 + track_slots + reuses
+
+
 class PrefillBudget:
     def __init__(
         self,
@@ -115,8 +139,7 @@ class PrefillBudget:
         or OTHER; the request was added iff it is the last of `self.batch`."""
         req = seq.req
         want = req.total_len - req.computed
-        max_new = min(max(seq.remaining_new, 0), CLIP_MAX_NEW_TOKENS)
-        need = want + max_new + self.page
+        need = admission_need(want, seq.remaining_new, self.page)
         if need >= self.rem_total():
             return NO_TOKEN
         if self.rem_chunk is None and self.batch and self._paged(want) >= self.rem_input:
