@@ -64,7 +64,8 @@ def add(p: argparse.ArgumentParser) -> None:
         "--track-interval",
         type=count(1),
         default=None,
-        help=f"extra_buffer: track a state every N decoded tokens (default {TRACK_INTERVAL})",
+        help=f"extra_buffer: track a state every N decoded tokens (default {TRACK_INTERVAL}, "
+        "rounded up to whole pages)",
     )
     p.add_argument("--rate", type=real(0), default=None, help="requests/s instead of trace times")
     p.add_argument("--limit", type=count(1), default=None, help="only the first N requests")
@@ -132,12 +133,11 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig]:
         )
     if args.sequential and args.state_fraction:
         raise UsageError("--state-fraction has no effect with --sequential (one shared budget)")
-    track = args.track_interval or TRACK_INTERVAL
+    track = args.track_interval or default_track_interval(args.page_size)
     if track % args.page_size:
-        given = "" if args.track_interval else " (the default)"
         raise UsageError(
-            f"--track-interval {track}{given} must be a multiple of --page-size "
-            f"{args.page_size}, as SGLang requires"
+            f"--track-interval {track} must be a multiple of --page-size {args.page_size}, "
+            "as SGLang requires"
         )
     check_outputs(plot_target(args.plot, None, profile), args.json)
     base = ServingConfig(
@@ -153,6 +153,12 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig]:
     return profile, base
 
 
+def default_track_interval(page: int) -> int:
+    """SGLang's 256, rounded up to a whole number of pages (SGLang itself
+    refuses a page that does not divide it; here the default follows the page)."""
+    return -(-TRACK_INTERVAL // page) * page
+
+
 def pick_policies(
     args: argparse.Namespace, trace: Trace, base: ServingConfig
 ) -> tuple[list[str], dict[str, str]]:
@@ -165,7 +171,7 @@ def pick_policies(
     try:
         unpaged = unpaged_policies(args.policy or list(POLICIES), trace, base)
     except ValueError as e:
-        raise UsageError(f"--page-size: {e}") from None
+        raise UsageError(f"--{str(e).replace('_', '-', 1)}") from None
     why = f"no_buffer needs --page-size 1 on a token-level trace, got {args.page_size}"
     if args.policy and unpaged:
         raise UsageError(

@@ -144,8 +144,9 @@ def fit(trace: Trace, profile: ModelProfile, cfg: ServingConfig, track_slots: in
 
 def describe_pools(p: Pools, unit_tokens: int) -> str:
     unit = "KV tokens" if unit_tokens == 1 else f"KV units of {unit_tokens} tokens"
-    shared = " within one shared budget" if p.shared else ""
-    return f"{p.kv_units:,} {unit} and {p.states:,} states{shared}"
+    if p.shared:
+        return f"{p.kv_units:,} {unit} or {p.states:,} states (one shared budget)"
+    return f"{p.kv_units:,} {unit} and {p.states:,} states"
 
 
 def describe_request(trace: Trace, index: int, least: int) -> str:
@@ -165,27 +166,31 @@ def check_memory(
     strategies: dict[str, str],
     name: str = "memory_gb",
 ) -> Fit:
-    """The `Fit` at this memory point for the policies `strategies` names
-    (policy -> strategy); ValueError naming `name` when the state pool is too
-    small for a request of one of them, or when not one request fits."""
-    track = max((TRACK_SLOTS[s] for s in strategies.values()), default=0)
-    f = fit(trace, profile, cfg, track)
-    p = f.pools
+    """The `Fit` at this memory point (for the policy that holds the most
+    states); ValueError naming `name` when, for one of the policies in
+    `strategies` (policy -> strategy), the state pool is too small for a
+    request that reuses a state, or not one request fits."""
+    fits = {}
+    for policy, strategy in strategies.items():
+        track = TRACK_SLOTS[strategy]
+        f = fits[track] = fits.get(track) or fit(trace, profile, cfg, track)
+        _check_point(trace, cfg, f, f"policy {policy} ({strategy})", track, name)
+    return fits[max(fits)]
+
+
+def _check_point(trace: Trace, cfg: ServingConfig, f: Fit, who: str, track: int, name: str) -> None:
+    p, least_states = f.pools, slots_alone(track)
+    states = f" and {slots_alone(track, reuses=False)} states" if p.shared else ""
     at = f"{name} {cfg.memory_gb:g} GB" if cfg.kv_units is None else "kv_units/state_slots"
-    if not p.shared:
-        for policy, strategy in strategies.items():
-            want = slots_alone(TRACK_SLOTS[strategy])
-            if p.states < want:
-                raise ValueError(
-                    f"{at} holds {describe_pools(p, trace.unit_tokens)}: policy {policy} "
-                    f"({strategy}) needs {want} states for a request that reuses one; use "
-                    f"at least {f.gb_for_largest:g} GB to serve every request"
-                )
-    if len(f.never_fit) < len(trace):
-        return f
-    raise ValueError(
-        f"{at} holds {describe_pools(p, trace.unit_tokens)}: no request fits; the smallest, "
-        f"{describe_request(trace, *f.smallest)}; the largest, "
-        f"{describe_request(trace, *f.largest)}: use at least {f.gb_for_largest:g} GB to "
-        "serve every request"
-    )
+    holds = f"{at} holds {describe_pools(p, trace.unit_tokens)}"
+    serve = f"use at least {f.gb_for_largest:g} GB to serve every request"
+    if not p.shared and p.states < least_states:
+        raise ValueError(
+            f"{holds}: {who} needs {least_states} states for a request that reuses one; {serve}"
+        )
+    if len(f.never_fit) == len(trace):
+        raise ValueError(
+            f"{holds}: no request fits{f' ({who})' if p.shared else ''}; the smallest, "
+            f"{describe_request(trace, *f.smallest)}{states}; the largest, "
+            f"{describe_request(trace, *f.largest)}{states}: {serve}"
+        )
