@@ -170,7 +170,7 @@ def check_memory(
     states); ValueError naming `name` when, for one of the policies in
     `strategies` (policy -> strategy), the state pool is too small for a
     request that reuses a state, or not one request fits."""
-    fits = {}
+    fits: dict[int, Fit] = {}
     for policy, strategy in strategies.items():
         track = TRACK_SLOTS[strategy]
         f = fits[track] = fits.get(track) or fit(trace, profile, cfg, track)
