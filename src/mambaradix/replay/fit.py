@@ -108,6 +108,7 @@ def gb_needed(
     """The least memory (GB, in steps of 0.01) that serves `r` alone, at
     `cfg`'s state fraction or shared budget, with the states a request that
     reuses one holds (`track` slots: 0 no_buffer, 2 extra_buffer)."""
+    cfg = replace(cfg, kv_units=None, state_slots=None)  # sized by memory, not exact
     p = pools_for(profile, unit_tokens, replace(cfg, memory_gb=1.0))
     kv = _kv_units_needed(r, p.page) * p.kv_unit_bytes
     states = slots_alone(track) * p.state_bytes
@@ -115,8 +116,10 @@ def gb_needed(
     if not cfg.sequential:
         need = max(kv / (1 - cfg.state_fraction), states / cfg.state_fraction)
     gb = math.ceil(need / 1e7) / 100
-    while not _serves(pools_for(profile, unit_tokens, replace(cfg, memory_gb=gb)), r, track):
-        gb = round(gb + 0.01, 2)  # int() truncations in the pool split can cost a unit
+    for _ in range(100):  # int() truncations in the pool split can cost a unit or a state
+        if _serves(pools_for(profile, unit_tokens, replace(cfg, memory_gb=gb)), r, track):
+            break
+        gb = round(gb + 0.01, 2)
     return gb
 
 
