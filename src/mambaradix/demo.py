@@ -95,8 +95,10 @@ def tiny_tree() -> str:
     """A four-insert example showing a split, a tombstone and a namespace."""
     cache = MambaRadixCache()
     cache.insert([1, 2, 3], [10, 11, 12], state=0)
-    cache.insert([1, 2, 3, 4, 5, 6, 7], [10, 11, 12, 13, 14, 15, 16], state=1)
-    cache.insert([1, 2, 3, 4, 5, 60, 70], [10, 11, 12, 13, 14, 17, 18], state=2)
+    # prev_prefix_len: the positions below it are the tree's own indices (the
+    # tree refuses an index it already holds from there on)
+    cache.insert([1, 2, 3, 4, 5, 6, 7], [10, 11, 12, 13, 14, 15, 16], state=1, prev_prefix_len=3)
+    cache.insert([1, 2, 3, 4, 5, 60, 70], [10, 11, 12, 13, 14, 17, 18], state=2, prev_prefix_len=5)
     cache.insert([1, 2, 3], [20, 21, 22], state=3, extra_key="lora-b")
     cache.evict(states=1)  # the least recently used state, [1,2,3], becomes a tombstone
     return cache.pretty()

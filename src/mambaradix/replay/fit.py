@@ -187,13 +187,13 @@ def _check_point(trace: Trace, cfg: ServingConfig, f: Fit, who: str, track: int,
     at = f"{name} {cfg.memory_gb:g} GB" if cfg.kv_units is None else "kv_units/state_slots"
     holds = f"{at} holds {describe_pools(p, trace.unit_tokens)}"
     serve = f"use at least {f.gb_for_largest:g} GB to serve every request"
-    if not p.shared and p.states < least_states:
-        raise ValueError(
-            f"{holds}: {who} needs {least_states} states for a request that reuses one; {serve}"
-        )
     if len(f.never_fit) == len(trace):
         raise ValueError(
             f"{holds}: no request fits{f' ({who})' if p.shared else ''}; the smallest, "
             f"{describe_request(trace, *f.smallest)}{states}; the largest, "
             f"{describe_request(trace, *f.largest)}{states}: {serve}"
+        )
+    if not p.shared and p.states < least_states:
+        raise ValueError(
+            f"{holds}: {who} needs {least_states} states for a request that reuses one; {serve}"
         )
