@@ -15,7 +15,7 @@ from mambaradix.demo import run_demo
 from mambaradix.replay.models import ModelProfile, get_profile
 from mambaradix.replay.policies import make_policy
 from mambaradix.replay.run import replay
-from mambaradix.replay.sim import ServingConfig, Simulator
+from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.sweep import sweep
 from mambaradix.replay.trace import Trace, TraceRequest
 
@@ -50,6 +50,17 @@ SERVING_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"rate": 0.0}, ValueError, "rate must be > 0"),
     ({"rate": NAN}, ValueError, "rate must be a finite number"),
     ({"sequential": 1}, TypeError, "sequential must be a bool, got int"),
+    ({"page_size": 0}, ValueError, "page_size must be >= 1"),
+    ({"page_size": 16.0}, TypeError, "page_size must be an int, got float"),
+    ({"track_interval": -1}, ValueError, "track_interval must be >= 1"),
+    (
+        {"page_size": 16, "track_interval": 100},
+        ValueError,
+        r"track_interval \(100\) must be a multiple of page_size \(16\)",
+    ),
+    ({"kv_units": 100}, ValueError, "kv_units and state_slots: give both"),
+    ({"kv_units": 0, "state_slots": 4}, ValueError, "kv_units must be >= 1"),
+    ({"kv_units": 64, "state_slots": True}, TypeError, "state_slots must be an int, got bool"),
 ]
 
 
@@ -76,27 +87,38 @@ def test_replay_entry() -> None:
 def test_replay_memory_that_holds_no_request() -> None:
     # marconi-7b: 65,536 B per KV token, 26.8 MB per state. 0.001 GB holds
     # int(1e6 x 10/19) // 65,536 = 8 KV tokens and no state: nothing can run.
-    # Request 1: 50 tokens + 5 - 1 = 54 KV tokens and two states, which need
-    # max(54 x 65,536 / (1 - 9/19), 2 x state / (9/19)) bytes.
+    # Request 1: admitted alone when 50 prompt + 5 new + 1 stays below the
+    # pool (57 tokens), with two states (the one it reuses and its copy).
     prof = get_profile("marconi-7b")
     f = 0.9 / 1.9
-    need = max(54 * 65536 / (1 - f), 2 * prof.state_bytes / f) / 1e9
+    need = max(57 * 65536 / (1 - f), 2 * prof.state_bytes / f) / 1e9
     with pytest.raises(ValueError) as e:
         replay(tiny_trace(), prof, "sglang", ServingConfig(0.001))
     msg = str(e.value)
     assert msg.startswith("memory_gb 0.001 GB holds 8 KV tokens and 0 states: no request fits")
-    assert "the largest, request 1 (session 1, turn 0) needs 54 KV tokens and 2 states" in msg
+    assert "the largest, request 1 (session 1, turn 0: 50 prompt + 5 new) needs a pool of 57" in msg
     gb = float(msg.split("use at least ")[1].split(" GB")[0])
     assert need <= gb < need + 0.02
-    # The simulator agrees: that much serves request 1, 0.01 GB less does not.
+    # The serving model agrees: that much serves request 1, 0.01 GB less does not.
     assert replay(tiny_trace(), prof, "sglang", ServingConfig(gb))["dropped"] == 0
     try:
-        sim = Simulator(tiny_trace(), prof, make_policy("sglang"), ServingConfig(gb - 0.01))
+        model = ServingModel(tiny_trace(), prof, make_policy("sglang"), ServingConfig(gb - 0.01))
     except ValueError as too_small:
         assert "too small" in str(too_small)
     else:
-        sim.run()
-        assert 1 in sim.dropped_requests
+        model.run()
+        assert tiny_trace().requests[1].input_tokens in [r.input_tokens for r in model.dropped]
+
+
+def test_replay_policy_that_cannot_run_at_the_page() -> None:
+    trace, prof = tiny_trace(), get_profile("marconi-7b")
+    cfg = ServingConfig(1.0, page_size=16)
+    with pytest.raises(ValueError, match=r"^policy_name: sglang \(no_buffer\) needs page_size 1"):
+        replay(trace, prof, "sglang", cfg)
+    assert replay(trace, prof, "sglang-extra-buffer", cfg)["served"] == 2
+    seq = replace(cfg, sequential=True)
+    with pytest.raises(ValueError, match="^page_size 16 needs the split pools: sequential"):
+        replay(trace, prof, "sglang-extra-buffer", seq)
 
 
 SWEEP_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
@@ -148,6 +170,7 @@ def test_model_profile_still_checks_its_fields() -> None:
         ((2, 2, 1000, 4, 0, 0), ValueError, "chunk must be >= 1"),
         ((2, 2, 1000, 4, 64, -1), ValueError, "seed must be >= 0"),
         ((2, 2, 100, 4, 64, 0), ValueError, "kv_tokens 100 is too small: request"),
+        ((2, 2, 1000, 4, 64.0, 0), TypeError, "chunk must be an int, got float"),
     ],
 )
 def test_demo_entry(args: tuple[Any, ...], exc: type[Exception], says: str) -> None:
@@ -174,12 +197,32 @@ ENGINE_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"kv_tokens": 0}, ValueError, "kv_tokens must be >= 1"),
     ({"kv_tokens": 64.0}, TypeError, "kv_tokens must be an int, got float"),
     ({"kv_tokens": True}, TypeError, "kv_tokens must be an int, got bool"),
-    ({"state_slots": 1}, ValueError, "state_slots must be >= 2 with prefix_cache=True"),
+    ({"state_slots": 1}, ValueError, "state_slots must be >= 2 with prefix_cache=True and no_b"),
     ({"chunk_size": 0}, ValueError, "chunk_size must be >= 1"),
     ({"max_running": False}, TypeError, "max_running must be an int, got bool"),
     ({"max_context": 0}, ValueError, "max_context must be >= 1"),
     ({"dtype": "float32"}, TypeError, "dtype must be a dtype, got str"),
     ({"model_overrides": [1]}, TypeError, "model_overrides must be a dict, got list"),
+    ({"page_size": 0}, ValueError, "page_size must be >= 1"),
+    ({"page_size": 16}, ValueError, "page_size 16 needs strategy='extra_buffer'"),
+    ({"strategy": "paged"}, ValueError, "strategy must be one of no_buffer, extra_buffer"),
+    ({"compat": "vllm"}, ValueError, "compat must be None or 'sglang', got 'vllm'"),
+    ({"track_interval": 0}, ValueError, "track_interval must be >= 1"),
+    (
+        {"strategy": "extra_buffer", "state_slots": 3},
+        ValueError,
+        "state_slots must be >= 4 with prefix_cache=True and extra_buffer",
+    ),
+    (
+        {"strategy": "extra_buffer", "page_size": 16, "kv_tokens": 1000},
+        ValueError,
+        r"kv_tokens \(1000\) must be a multiple of page_size \(16\)",
+    ),
+    (
+        {"strategy": "extra_buffer", "page_size": 16, "chunk_size": 100},
+        ValueError,
+        r"chunk_size \(100\) must be a multiple of page_size \(16\)",
+    ),
 ]
 
 
@@ -210,7 +253,8 @@ GENERATE_BAD: list[tuple[Any, Any, type[Exception], str]] = [
     ([[1]], 1.5, TypeError, "max_new_tokens must be an int, got float"),
     ([[1]], True, TypeError, "max_new_tokens must be an int, got bool"),
     ([[1]], -1, ValueError, "max_new_tokens must be >= 0"),
-    ([[1] * 60], 6, ValueError, r"prompts\[0\] needs 65 KV tokens \(60 prompt \+ 6 new - 1\)"),
+    # 57 + 6 + 1 = 64 is not strictly below the 64-token pool
+    ([[1] * 57], 6, ValueError, r"prompts\[0\] needs a KV pool of 65 tokens \(57 prompt \+ 6"),
 ]
 
 
@@ -226,6 +270,6 @@ def test_engine_generate(
 
 
 def test_engine_generate_accepts_what_fits_exactly(engine: Any) -> None:
-    # 59 prompt + 6 new - 1 = 64 KV tokens: exactly the pool.
-    assert len(engine.generate([list(range(59))], max_new_tokens=6)[0].output_ids) == 6
+    # 56 prompt + 6 new + 1 = 63 < 64: the largest prompt admitted alone.
+    assert len(engine.generate([list(range(56))], max_new_tokens=6)[0].output_ids) == 6
     engine.check()
