@@ -79,6 +79,7 @@ def test_ctrl_c_stops_a_sweep(tmp_path: Path, workers: str, to_group: bool) -> N
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     stderr = err_path.read_text()
+    print(f"Ctrl-C to exit: {took:.2f} s")  # shown with -s
     assert code == 130, stderr
     assert took < 2.0, f"exit took {took:.2f} s"
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
