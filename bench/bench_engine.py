@@ -19,12 +19,14 @@ Batch size is 1 per forward (round-robin), so requests/s is a latency-bound numb
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
+from pathlib import Path
 
 import torch
 
-from mambaradix.engine.workload import compare_cache, trace_sessions
+from mambaradix.compare import compare_cache, engine_sessions
 
 
 def synthetic_sessions(
@@ -54,6 +56,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=None, help="override the preset hidden size")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="write every row here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     vocab = 1024
@@ -63,7 +66,7 @@ def main() -> None:
         )
     }
     try:
-        workloads["mt-bench"] = trace_sessions("mt-bench", vocab, args.sessions)
+        workloads["mt-bench"] = engine_sessions("mt-bench", vocab, args.sessions)
     except ImportError as e:
         print(f"(mt-bench skipped: {e})")
     overrides = {"hidden_size": args.hidden} if args.hidden else None
@@ -74,6 +77,7 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     start = time.perf_counter()
+    rows: list[dict[str, object]] = []
     for model in args.models.split(","):
         for name, sessions in workloads.items():
             kw = {"chunk_size": args.chunk_size}
@@ -82,6 +86,7 @@ def main() -> None:
             data = compare_cache(sessions, args.max_new_tokens, model=model, seed=args.seed, **kw)
             for label in ("cache", "no cache"):
                 d = data[label]
+                rows.append({"model": model, "workload": name, "cache": label, **d})
                 print(
                     f"{model:17}{name:11}{'on' if label == 'cache' else 'off':>6}"
                     f"{data['requests']:>5}{d['requests_per_s']:>8.1f}"
@@ -91,6 +96,9 @@ def main() -> None:
                     f"{'yes' if data['identical'] else 'NO':>6}"
                 )
     print(f"\n({time.perf_counter() - start:.1f} s, {args.threads} threads)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ with the bound, and each workload's replay throughput.
 
     .venv/bin/python bench/replay_table.py [--model nemotron-h-8b] [--out out/replay_table]
 
-Writes OUT.md (markdown tables) and OUT.json (everything), prints the tables.
+Writes OUT.md (markdown tables) and OUT.json (everything, with each workload's `sweep_s`),
+prints the tables.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def main() -> None:
             progress=False,
         )
         seconds = time.perf_counter() - start
+        data["sweep_s"] = seconds  # loading, bound and sweep: the heading's "sweep N s"
         everything[name] = data
         parts.append(markdown(data, seconds))
         print(parts[-1] + "\n", flush=True)
