@@ -59,8 +59,11 @@ def dropped_indices(model: ServingModel) -> list[int]:
 
 
 def served(tr: Trace, policy: str, cfg: ServingConfig) -> bool:
+    """Whether the one request was served; if not, it must be counted as
+    dropped (not lost, even when the scheduler aborts it mid-decode)."""
     model = ServingModel(tr, BYTE, make_policy(policy), cfg)
     model.run()
+    assert len(model.outcomes) + len(model.dropped) == 1
     return len(model.outcomes) == 1
 
 
