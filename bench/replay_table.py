@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mambaradix.replay.models import get_profile
 from mambaradix.replay.policies import POLICIES
-from mambaradix.replay.sim import ServingConfig
+from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.sweep import sweep
 from mambaradix.replay.workloads import load
 
