@@ -304,33 +304,55 @@ class Scheduler:
         if self._finished_since_decode:
             self._finished_since_decode = False
             self.batch_is_full = False
-        reqs = [s.req for s in self.running]
-        if not self.cache.decode_fits(reqs):
+        self._skip_quiet_steps()
+        if not self.cache.decode_fits([s.req for s in self.running if s.token_due()]):
             self._retract()
         else:
             self.ratio.decay_step()
         if not self.running:
             return
-        if not self.cache.alloc_decode([s.req for s in self.running]):
+        due = [s for s in self.running if s.token_due()]
+        if due and not self.cache.alloc_decode([s.req for s in due]):
             # Not after a fitting check_decode_mem in SGLang (it would crash);
             # here (an allocator failing) the step is skipped and one request
             # goes back to the queue, so memory is returned and nothing leaks.
             self._retract_one()
             return
-        steps = [DecodeStep(s, self._decode_track_slot(s)) for s in self.running]
-        tokens = self.forward.decode(steps)
+        steps = [DecodeStep(s, self._decode_track_slot(s)) for s in due]
+        tokens = self.forward.decode(steps) if steps else self._pass_steps(1)
         self.forwards[DECODE] += 1
         for step, token in zip(steps, tokens, strict=True):
-            seq = step.seq
             if step.track_slot is not None:
-                self.cache.track(seq.req, seq.req.computed)
-            seq.req.output_ids.append(token)
+                self.cache.track(step.seq.req, step.seq.req.computed)
+            step.seq.req.output_ids.append(token)
+        for seq in list(self.running):
+            seq.steps_done += 1
             if seq.done:
                 self.running.remove(seq)
                 self._finish(seq)
                 self._finished_since_decode = True
-            elif self._decode_checkpoint(seq):
+            elif seq in due and self._decode_checkpoint(seq):
                 self._checkpoint(seq, DECODED)
+
+    def _skip_quiet_steps(self) -> None:
+        """Steps in which no running sequence generates a token or ends (only
+        when `decode_steps` exceeds the tokens to generate) pass at once."""
+        quiet = min(s.steps_to_event() for s in self.running) - 1
+        if quiet <= 0:
+            return
+        for seq in self.running:
+            seq.steps_done += quiet
+        for _ in range(quiet):
+            self.ratio.decay_step()
+        self._pass_steps(quiet)
+
+    def _pass_steps(self, n: int) -> list[int]:
+        """Tell the forward that n decode steps passed with no token to compute
+        (a virtual clock advances; a real model has nothing to run)."""
+        pass_steps = getattr(self.forward, "pass_steps", None)
+        if pass_steps is not None:
+            pass_steps(n)
+        return []
 
     def _decode_checkpoint(self, seq: Sequence) -> bool:
         every = self.checkpoints.decode_interval
@@ -350,13 +372,13 @@ class Scheduler:
             self.running, key=lambda s: (len(s.outputs), -len(s.req.input_ids)), reverse=True
         )
         first = True
-        while first or not self.cache.decode_fits([s.req for s in order]):
+        while first or not self.cache.decode_fits([s.req for s in order if s.token_due()]):
             if len(order) == 1:
                 break
             first = False
             self._requeue(order.pop())
             self.cache.evict_kv_for(len(order) * RETRACT_DECODE_STEPS)
-        if len(order) == 1 and not self.cache.decode_fits([order[0].req]):
+        if len(order) == 1 and not self.cache.decode_fits([s.req for s in order if s.token_due()]):
             self._drop(order.pop())  # out of memory even alone (SGLang aborts it)
         self.running = [s for s in self.running if s in order]
         decoded = sum(len(s.outputs) for s in self.running)
