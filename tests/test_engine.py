@@ -27,7 +27,7 @@ VOCAB = 1024
 
 @pytest.fixture(scope="module", params=MODELS)
 def net(request: pytest.FixtureRequest) -> Any:
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # two threads on a loaded 2-core machine spin for minutes
     return build_model(request.param, seed=0)
 
 
