@@ -137,14 +137,12 @@ class PoolAdapter:
         fresh = starts[0] == 0
         if any((s == 0) != fresh for s in starts):
             raise ValueError("every start must be 0, or every start > 0")
-        dev = self.device
-        start = torch.as_tensor(list(starts), dtype=torch.long).to(dev)
-        read = torch.from_numpy(np.ascontiguousarray(kv_index[:, :length])).to(dev)
-        offsets = start[:, None] + torch.arange(n, device=dev)[None]  # positions, [B, n]
+        ids, offsets, read, slot_idx = self._inputs(tokens, starts, kv_index[:, :length], slots)
         write = read.gather(1, offsets).view(-1)
-        cache = self._cache(write, read)
-        self._load_states(cache, slots, fresh)
-        ids = torch.as_tensor(list(tokens), dtype=torch.long).to(dev)
+        cache = self._cache_cls(config=self.config)
+        for a, li in enumerate(self.attn_layers):
+            cache.layers[li].update = _PoolKV(self.k[a], self.v[a], write, read)
+        buffers = self._load_states(cache, slots, slot_idx, fresh)
         mask = None if fresh or (n == 1 and min(starts) == max(starts)) else _mask(offsets, length)
         out = self.model(
             input_ids=ids,
@@ -154,43 +152,59 @@ class PoolAdapter:
             use_cache=True,
             logits_to_keep=1,
         )
-        self._store_states(cache, slots)
+        if buffers is not None:  # a batch: scatter the gathered states back
+            self.states.conv[0].index_copy_(1, slot_idx, buffers[0])
+            self.states.ssm.index_copy_(1, slot_idx, buffers[1])
         logits: torch.Tensor = out.logits[:, -1].float()
         return logits
 
-    def _cache(self, write: torch.Tensor, read: torch.Tensor) -> Any:
-        cache = self._cache_cls(config=self.config)
-        for a, li in enumerate(self.attn_layers):
-            cache.layers[li].update = _PoolKV(self.k[a], self.v[a], write, read)
-        return cache
+    def _inputs(
+        self,
+        tokens: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        kv_index: npt.NDArray[np.int64],
+        slots: Sequence[int],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids [B, n], positions [B, n], KV indices [B, L], slots [B]) on the
+        device, moved in one host-to-device copy."""
+        b, length = kv_index.shape
+        n = len(tokens[0])
+        host = np.concatenate(
+            [
+                np.asarray(tokens, dtype=np.int64).reshape(-1),
+                np.asarray(starts, dtype=np.int64)[:, None] + np.arange(n, dtype=np.int64),
+                kv_index,
+                np.asarray(slots, dtype=np.int64)[:, None],
+            ],
+            axis=None,
+        )
+        dev = torch.from_numpy(host).to(self.device)
+        bn = b * n
+        ids, pos = dev[:bn].view(b, n), dev[bn : 2 * bn].view(b, n)
+        return ids, pos, dev[2 * bn : -b].view(b, length), dev[-b:]
 
-    def _load_states(self, cache: Any, slots: Sequence[int], fresh: bool) -> None:
+    def _load_states(
+        self, cache: Any, slots: Sequence[int], slot_idx: torch.Tensor, fresh: bool
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Hand each recurrent layer its slots' states: views of the pool for
-        one sequence (updated in place), gathered copies for a batch."""
-        idx = torch.as_tensor(list(slots), dtype=torch.long).to(self.device)
-        single = len(slots) == 1
+        one sequence (updated in place; returns None), else copies gathered
+        for all layers at once (returned, to be scattered back)."""
+        if len(slots) == 1:
+            conv = self.states.conv[0][:, slots[0] : slots[0] + 1]
+            ssm = self.states.ssm[:, slots[0] : slots[0] + 1]
+            buffers = None
+        else:
+            conv = self.states.conv[0].index_select(1, slot_idx)
+            ssm = self.states.ssm.index_select(1, slot_idx)
+            buffers = (conv, ssm)
         for r, li in enumerate(self.rec_layers):
-            conv_pool, ssm_pool = self.states.conv[0][r], self.states.ssm[r]
-            if single:
-                conv = conv_pool[slots[0] : slots[0] + 1]
-                ssm = ssm_pool[slots[0] : slots[0] + 1]
-            else:
-                conv, ssm = conv_pool.index_select(0, idx), ssm_pool.index_select(0, idx)
             layer = cache.layers[li]
-            layer.conv_states[0], layer.recurrent_states[0] = conv, ssm
+            layer.conv_states[0], layer.recurrent_states[0] = conv[r], ssm[r]
             layer.is_conv_states_initialized[0] = layer.is_recurrent_states_initialized[0] = True
             layer.conv_kernel_size[0] = int(conv.shape[-1])
             layer.device, layer.dtype = conv.device, conv.dtype
             layer.has_previous_state[0] = not fresh
-
-    def _store_states(self, cache: Any, slots: Sequence[int]) -> None:
-        if len(slots) == 1:
-            return  # the layers updated views of the pool in place
-        idx = torch.as_tensor(list(slots), dtype=torch.long).to(self.device)
-        for r, li in enumerate(self.rec_layers):
-            layer = cache.layers[li]
-            self.states.conv[0][r].index_copy_(0, idx, layer.conv_states[0])
-            self.states.ssm[r].index_copy_(0, idx, layer.recurrent_states[0])
+        return buffers
 
 
 def _mask(offsets: torch.Tensor, length: int) -> torch.Tensor:
