@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import torch
 
+from engine_device import ENGINE_DEVICE as DEVICE
+from engine_device import engine_net
 from mambaradix.engine import Engine, build_model
 from mambaradix.engine.workload import run_conversations
 
@@ -23,8 +25,7 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module", params=MODELS)
 def net(request: pytest.FixtureRequest) -> Any:
-    torch.set_num_threads(1)
-    return build_model(request.param, seed=0)
+    return engine_net(request.param)
 
 
 def _sessions(seed: int) -> list[list[list[int]]]:
@@ -57,13 +58,13 @@ class _Recorder:
 def _plain_logits(net: Any, prompt: list[int], outputs: list[int]) -> torch.Tensor:
     """Logits (fp32) at the positions that chose each output, from one
     uncached forward of the whole sequence."""
-    seq = torch.tensor([prompt + outputs[:-1]])
-    logits = net(input_ids=seq, use_cache=False).logits[0].float()
+    seq = torch.tensor([prompt + outputs[:-1]], device=DEVICE)
+    logits = net(input_ids=seq, use_cache=False).logits[0].float().cpu()
     return logits[len(prompt) - 1 :]
 
 
 def test_batched_decode_equals_a_plain_forward_over_the_whole_sequence(net: Any) -> None:
-    eng = Engine(model="x", net=net, chunk_size=16, kv_tokens=2048, state_slots=16)
+    eng = Engine(model="x", net=net, chunk_size=16, kv_tokens=2048, state_slots=16, device=DEVICE)
     rec = _Recorder(eng)
     run = run_conversations(eng, _sessions(0), max_new_tokens=7)
     eng.check()
@@ -82,7 +83,9 @@ def test_one_forward_per_decode_step_and_same_output_as_one_sequence_decode(net:
     prompts = [[1 + i] * (5 + 3 * i) for i in range(4)]
     out = {}
     for batch in (True, False):
-        eng = Engine(model="x", net=net, batch_decode=batch, kv_tokens=512, state_slots=16)
+        eng = Engine(
+            model="x", net=net, batch_decode=batch, kv_tokens=512, state_slots=16, device=DEVICE
+        )
         out[batch] = (eng.generate(prompts, max_new_tokens=6), eng.stats())
         eng.check()
     (batched, s_b), (single, s_s) = out[True], out[False]
