@@ -45,8 +45,9 @@ def synthetic(n: int, system_tokens: int, vocab: int, seed: int) -> list[list[li
 
 def build(name: str, dtype: torch.dtype, device: str) -> Any:
     family, _, size = name.rpartition("-")
-    overrides = None if size == "tiny" else SIZES[family][size]
-    return build_model(f"{family}-tiny", seed=0, dtype=dtype, overrides=overrides).to(device)
+    return build_model(f"{family}-tiny", seed=0, dtype=dtype, overrides=SIZES[family][size]).to(
+        device
+    )
 
 
 def serve(net: Any, sessions: Any, args: argparse.Namespace, **kw: Any) -> list[Result]:

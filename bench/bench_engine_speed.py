@@ -4,8 +4,9 @@ its overhead against a plain `transformers` forward on the same tokens.
     .venv/bin/python bench/bench_engine_speed.py                        # CPU, small model
     .venv/bin/python bench/bench_engine_speed.py --device cuda --dtype bfloat16 --size base
 
-Models are built from a config (random weights, `--size`: `small` ~20M parameters for a
-CPU, `base` ~250M for a GPU; Nemotron-H-shaped by default, `--family qwen3-next` too).
+Models are built from a config (random weights, `--size`: `tiny` the test preset, `small`
+for a CPU, `base` for a GPU: 8.5M / 280M parameters Nemotron-H-shaped (default), 14M / 319M
+with `--family qwen3-next`).
 Three measurements, all on one model in one process:
 
 1. decode: `--batch` sequences of different prompt lengths (about `--prompt` tokens)
@@ -40,6 +41,7 @@ from mambaradix.scheduler import DECODE, PREFILL, Sequence
 
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "nemotron-h": {
+        "tiny": {},  # the preset itself
         "small": {
             "vocab_size": 8192,
             "hidden_size": 256,
@@ -70,6 +72,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
     "qwen3-next": {
+        "tiny": {},
         "small": {
             "vocab_size": 8192,
             "hidden_size": 256,
@@ -99,9 +102,9 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
             "linear_key_head_dim": 64,
             "linear_value_head_dim": 64,
             "intermediate_size": 2816,
-            "moe_intermediate_size": 1024,
-            "shared_expert_intermediate_size": 1024,
-            "num_experts": 8,
+            "moe_intermediate_size": 768,
+            "shared_expert_intermediate_size": 768,
+            "num_experts": 4,
             "num_experts_per_tok": 2,
         },
     },
@@ -233,49 +236,46 @@ def plain_step(net: Any, ids: list[list[int]], start: int, cache: Any) -> list[i
     return [int(t) for t in out.logits[:, -1].argmax(-1).tolist()]
 
 
-def bench_overhead(
-    net: Any, args: argparse.Namespace, timer: Timer
-) -> dict[str, tuple[float, ...]]:
-    """(plain s, engine step s, engine forward s) medians for three kinds of step."""
+def bench_overhead(net: Any, args: argparse.Namespace, timer: Timer) -> dict[str, list[Any]]:
+    """Per kind of step, (plain s, engine step s, engine forward s) for `--repeats` steps,
+    the plain forward and the engine step interleaved (so a load change hits both)."""
     from transformers import DynamicCache
 
     p, n = args.prompt, args.repeats
     fresh = lambda: DynamicCache(config=net.config)  # noqa: E731
-    res: dict[str, tuple[float, ...]] = {}
-    # 1. a whole prompt of p tokens (one chunk, no context)
-    ps = prompts(n, p, args.vocab, args.seed + 2, jitter=False)
-    plain = [timer(lambda q=q: plain_step(net, [q], 0, fresh()))[0] for q in ps]
     eng = engine(net, args, prefix_cache=False)
     fwd = ForwardTimer(eng, timer)
-    steps = drive(eng, [Sequence(array("q", q), 1, id=i) for i, q in enumerate(ps)], timer)
-    res["prefill"] = (statistics.median(plain), statistics.median(steps[PREFILL]),
-                      statistics.median(fwd.seconds))  # fmt: skip
-    # 2. a second chunk: p tokens after p of context
-    ps = prompts(n, 2 * p, args.vocab, args.seed + 3, jitter=False)
-    plain = []
-    for q in ps:
-        cache = fresh()
+
+    def step(kind: str) -> float:
+        dt, got = timer(eng.scheduler.step)
+        assert got == kind, (got, kind)
+        return dt
+
+    res: dict[str, list[Any]] = {"prefill": [], "chunk": [], "decode": []}
+    for i, q in enumerate(prompts(n, 2 * p, args.vocab, args.seed + 2, jitter=False)):
+        plain = timer(lambda q=q: plain_step(net, [q[:p]], 0, fresh()))[0]  # 1. p tokens
+        eng.scheduler.submit(Sequence(array("q", q[:p]), 1, id=i))
+        res["prefill"].append((plain, step(PREFILL), fwd.seconds[-1]))
+        cache = fresh()  # 2. p tokens after p of context
         plain_step(net, [q[:p]], 0, cache)
-        plain.append(timer(lambda q=q, c=cache: plain_step(net, [q[p:]], p, c))[0])
-    eng = engine(net, args, prefix_cache=False)
-    fwd = ForwardTimer(eng, timer)
-    steps = drive(eng, [Sequence(array("q", q), 1, id=i) for i, q in enumerate(ps)], timer)
-    res["chunk"] = (statistics.median(plain), statistics.median(steps[PREFILL][1::2]),
-                    statistics.median(fwd.seconds[1::2]))  # fmt: skip
-    # 3. decode steps of `batch` sequences of p tokens (equal lengths), n steps
-    ps = prompts(args.batch, p, args.vocab, args.seed + 4, jitter=False)
+        plain = timer(lambda q=q, c=cache: plain_step(net, [q[p:]], p, c))[0]
+        eng.scheduler.submit(Sequence(array("q", q), 1, id=n + i))
+        step(PREFILL)
+        res["chunk"].append((plain, step(PREFILL), fwd.seconds[-1]))
+    ps = prompts(args.batch, p, args.vocab, args.seed + 4, jitter=False)  # 3. decode
     cache = fresh()
     tokens = plain_step(net, ps, 0, cache)
-    plain = []
+    seqs = [Sequence(array("q", q), n + 1, id=2 * n + i) for i, q in enumerate(ps)]
+    for seq in seqs:
+        eng.scheduler.submit(seq)
+    while len(eng.scheduler.running) < len(seqs):
+        step(PREFILL)
     for k in range(n):
-        dt, tokens = timer(lambda t=tokens, k=k: plain_step(net, [[x] for x in t], p + k, cache))
-        plain.append(dt)
-    eng = engine(net, args, prefix_cache=False)
-    fwd = ForwardTimer(eng, timer)
-    seqs = [Sequence(array("q", q), n + 1, id=i) for i, q in enumerate(ps)]
-    steps = drive(eng, seqs, timer)
-    res["decode"] = (statistics.median(plain), statistics.median(steps[DECODE]),
-                     statistics.median(fwd.seconds[-n:]))  # fmt: skip
+        plain, tokens = timer(lambda t=tokens, k=k: plain_step(net, [[x] for x in t], p + k, cache))
+        res["decode"].append((plain, step(DECODE), fwd.seconds[-1]))
+    while eng.scheduler.busy:
+        eng.scheduler.step()
+    eng.check()
     return res
 
 
@@ -292,7 +292,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--family", default="nemotron-h", choices=sorted(SIZES))
-    ap.add_argument("--size", default="small", choices=["small", "base"])
+    ap.add_argument("--size", default="small", choices=["tiny", "small", "base"])
     ap.add_argument("--batch", type=int, default=8, help="running sequences")
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (decode, overhead)")
     ap.add_argument("--new", type=int, default=32, help="tokens generated per request")
@@ -342,16 +342,20 @@ def main() -> None:
               f"same greedy tokens {s['on']['same_tokens']:.1%}")  # fmt: skip
     if "overhead" in sections:
         o = bench_overhead(net, args, timer)
-        print(f"\noverhead vs a plain transformers forward (medians of {args.repeats})")
+        print(
+            f"\noverhead vs a plain transformers forward (medians of {args.repeats}, interleaved)"
+        )
         names = {
             "prefill": f"prefill {args.prompt}",
             "chunk": f"chunk {args.prompt} after {args.prompt}",
             "decode": f"decode x{args.batch} at {args.prompt}",
         }
-        for k, (plain, step, fwd) in o.items():
+        for k, rows in o.items():
+            plain, step, fwd = (statistics.median(r[j] for r in rows) for j in range(3))
+            ratio = statistics.median(r[1] / r[0] for r in rows)
             print(
                 f"  {names[k]:24} plain {plain * 1e3:8.2f} ms  engine step {step * 1e3:8.2f} ms "
-                f"({step / plain:.2f}x)  pool forward {fwd * 1e3:8.2f} ms ({fwd / plain:.2f}x)"
+                f"({ratio:.2f}x)  pool forward {fwd * 1e3:8.2f} ms ({fwd / plain:.2f}x)"
             )
     print(f"\n({time.perf_counter() - start:.0f} s)")
 
