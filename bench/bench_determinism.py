@@ -9,9 +9,10 @@ changes every later prompt of its session):
   synthetic  --sessions sessions x 3 turns sharing a --system-token prompt (first turn + 8-64
              own tokens, later turns 8-40)
   mt-bench   the first --sessions MT-Bench conversations (needs the `text` extra)
-Columns: greedy tokens equal with the cache on and off (position by position), requests whose
-first-token logits are bitwise equal, requests whose every logit is bitwise equal, the hit
-rate. `decode` says how decode ran: batched (one forward per step) or single (one forward per
+Columns: greedy tokens equal with the cache on and off (position by position); first-token
+logits bitwise equal, of the requests whose prompt is the same in both runs (a later turn's
+prompt holds the earlier answers); requests whose every logit is bitwise equal; the hit rate.
+`decode` says how decode ran: batched (one forward per step) or single (one forward per
 sequence). Models: the tiny presets, or `<family>-small` / `<family>-base` from
 bench_engine_speed.py's sizes.
 """
@@ -50,7 +51,10 @@ def build(name: str, dtype: torch.dtype, device: str) -> Any:
     )
 
 
-def serve(net: Any, sessions: Any, args: argparse.Namespace, **kw: Any) -> list[Result]:
+def serve(
+    net: Any, sessions: Any, args: argparse.Namespace, **kw: Any
+) -> list[tuple[list[int], Result]]:
+    """(prompt, result) of every request."""
     eng = Engine(
         model="bench",
         net=net,
@@ -63,17 +67,26 @@ def serve(net: Any, sessions: Any, args: argparse.Namespace, **kw: Any) -> list[
     )
     run = run_conversations(eng, sessions, args.new)
     eng.check()
-    return [r for turns in run.results for r in turns]
+    return [
+        (p, r)
+        for prompts, results in zip(run.prompts, run.results, strict=True)
+        for p, r in zip(prompts, results, strict=True)
+    ]
 
 
-def compare(on: list[Result], off: list[Result]) -> dict[str, float]:
+def compare(
+    on_runs: list[tuple[list[int], Result]], off_runs: list[tuple[list[int], Result]]
+) -> dict[str, float]:
+    on, off = [r for _, r in on_runs], [r for _, r in off_runs]
     pairs = list(zip(on, off, strict=True))
+    same_prompt = [(a, b) for (p, a), (q, b) in zip(on_runs, off_runs, strict=True) if p == q]
     return {
         "tokens": sum(
             x == y for a, b in pairs for x, y in zip(a.output_ids, b.output_ids, strict=True)
         ),
         "total": sum(len(a.output_ids) for a in on),
-        "first": sum(torch.equal(a.logits[0], b.logits[0]) for a, b in pairs),
+        "first": sum(torch.equal(a.logits[0], b.logits[0]) for a, b in same_prompt),
+        "same_prompt": len(same_prompt),
         "all": sum(
             len(a.logits) == len(b.logits)
             and all(torch.equal(x, y) for x, y in zip(a.logits, b.logits, strict=True))
@@ -129,7 +142,7 @@ def main() -> None:
                 print(
                     f"{name:18}{wname:11}{'on' if det else 'off':>8}"
                     f"{'batched' if batched else 'single':>9}{same:>19}"
-                    f"{c['first']:>9}/{c['requests']:<5}{c['all']:>7}/{c['requests']:<5}"
+                    f"{c['first']:>9}/{c['same_prompt']:<5}{c['all']:>7}/{c['requests']:<5}"
                     f"{c['hit']:>7.1%}"
                 )
     print(f"\n({time.perf_counter() - start:.0f} s, {args.dtype}, {args.device})")
