@@ -125,6 +125,8 @@ def test_device_and_dtype_are_checked_before_any_work(monkeypatch: pytest.Monkey
         Engine(device="gpu0")
     with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
         Engine(dtype=torch.int32)
+    with pytest.raises(TypeError, match="batch_decode must be a bool"):
+        Engine(batch_decode="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="deterministic=True needs strategy='no_buffer'"):
         Engine(deterministic=True, strategy="extra_buffer")
 

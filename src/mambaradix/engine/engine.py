@@ -127,6 +127,13 @@ class Engine:
         keep_logits: bool = True,
     ) -> None:
         _check_sizes(kv_tokens, state_slots, chunk_size, max_running, page_size)
+        for name, flag in (
+            ("batch_decode", batch_decode),
+            ("deterministic", deterministic),
+            ("keep_logits", keep_logits),
+        ):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {flag!r}")
         self.device = resolve_device(device)
         dtype = check_dtype(dtype)
         if deterministic and strategy != "no_buffer":
