@@ -2,10 +2,11 @@
 
 It is the project's one request driver (`mambaradix.scheduler.Scheduler`:
 SGLang's continuous batching with prefill priority, chunked prefill, admission
-budgets, retraction) with the real model as its forward (`TorchForward`) and
-the project's pools as its memory: attention K/V in a KV pool indexed by the
-lifecycle's KV indices, conv and SSM states in a `TorchStatePool`, the radix
-tree owning what is cached. Decoding is greedy.
+budgets, retraction) with the real model as its forward (`TorchForward`: one
+forward per prefill chunk, one per decode step for every decoding sequence)
+and the project's pools as its memory, on one device: attention K/V in a KV
+pool indexed by the lifecycle's KV indices, conv and SSM states in a
+`TorchStatePool`, the radix tree owning what is cached. Decoding is greedy.
 
 Strategies as in SGLang: `no_buffer` (page_size 1; a checkpoint copies the
 running state where the prefill stopped: chunk ends, the branch point and
