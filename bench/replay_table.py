@@ -65,8 +65,14 @@ def main() -> None:
     for name in args.traces.split(","):
         start = time.perf_counter()
         trace = load(name)
-        data = sweep(trace, profile, list(POLICIES), [float(m) for m in MEMORY[name]],
-                     ServingConfig(memory_gb=1.0), progress=False)
+        data = sweep(
+            trace,
+            profile,
+            list(POLICIES),
+            [float(m) for m in MEMORY[name]],
+            ServingConfig(memory_gb=1.0),
+            progress=False,
+        )
         seconds = time.perf_counter() - start
         everything[name] = data
         parts.append(markdown(data, seconds))

@@ -180,7 +180,12 @@ class Scheduler:
             return []
         cfg = self.config
         budget = PrefillBudget(
-            self.cache, self.running, self.ratio.current, cfg.chunk_tokens, cfg.max_prefill_tokens
+            self.cache,
+            self.running,
+            self.ratio.current,
+            cfg.chunk_tokens,
+            cfg.max_prefill_tokens,
+            cfg.truncation_align_size,
         )
         waiting_turn = [seq for seq in self.prefilling if not budget.add_continuing(seq)]
         for seq in list(self.waiting):
@@ -423,6 +428,11 @@ def _check_config(cache: CacheManager, cfg: SchedulerConfig) -> None:
     if cfg.chunk_tokens is not None and cfg.chunk_tokens % page:
         raise ValueError(
             f"chunk_tokens ({cfg.chunk_tokens}) must be a multiple of the page size ({page})"
+        )
+    align = cfg.truncation_align_size
+    if align is not None and align % page:
+        raise ValueError(
+            f"truncation_align_size ({align}) must be a multiple of the page size ({page})"
         )
     if cache.extra_buffer and cfg.track_interval % cache.page_size:
         raise ValueError(
