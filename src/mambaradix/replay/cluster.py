@@ -299,7 +299,7 @@ def routable(trace: Trace) -> Trace:
     """The trace, with every unit outside uint32 given an unused id inside it
     (the same id for equal units); the trace itself if none is outside."""
     arrays = [a for r in trace.requests for a in (r.input_units, r.output_units) if len(a)]
-    if all(0 <= min(a) and max(a) < UINT32 for a in arrays):
+    if all(min(a) >= 0 and max(a) < UINT32 for a in arrays):
         return trace
     inside = [x for a in arrays for x in a if 0 <= x < UINT32]
     fresh: dict[int, int] = {}

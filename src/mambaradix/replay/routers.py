@@ -167,9 +167,7 @@ class Oracle(CostRouter):
     name = "oracle"
 
     def credits(self, request: TraceRequest, view: RouterView) -> list[int]:
-        return [
-            view.hit_tokens(request, view.probe(k, request)) for k in range(view.instances)
-        ]
+        return [view.hit_tokens(request, view.probe(k, request)) for k in range(view.instances)]
 
 
 ROUTERS: dict[str, type[Router]] = {
