@@ -359,7 +359,7 @@ def test_one_instance_reproduces_the_single_instance_replay_exactly(trace: Trace
 @pytest.mark.slow
 @pytest.mark.parametrize("trace", small_traces(), ids=lambda t: t.name)
 def test_one_instance_reproduces_the_single_instance_replay_at_a_rate(trace: Trace) -> None:
-    mem = 0.3 if trace.unit_tokens == 1 else 10.0
+    mem = 0.6 if trace.unit_tokens == 1 else 10.0
     check_one_instance(trace, ServingConfig(memory_gb=mem, rate=50.0), list(ROUTERS))
 
 
