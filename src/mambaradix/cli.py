@@ -156,6 +156,8 @@ def _replay(args: argparse.Namespace) -> int:
         Path(plot_path).parent.mkdir(parents=True, exist_ok=True)
         plot(data, plot_path)
         print(f"\nplot: {plot_path}")
+    elif args.plot:
+        print("(no plot for --instances or --shard runs: the table and --json have the results)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(data, indent=1))
