@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mambaradix.index.cli import add_parser as add_index_parser
+from mambaradix.replay.cluster_cli import ScaleOut, add_merge_parser, add_replay_arguments
 
 
 def _number_list(text: str, ok: Callable[[float], bool], rule: str) -> list[float]:
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     _add_engine(sub.add_parser("engine", help="a real hybrid model served on the cache, on vs off"))
     add_index_parser(sub)
+    add_merge_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 
@@ -80,6 +82,7 @@ def _add_replay(p: argparse.ArgumentParser) -> None:
         "--plot", default=None, help="write the plot here (default out/replay-TRACE-MODEL.png)"
     )
     p.add_argument("--no-progress", action="store_true")
+    add_replay_arguments(p)
     p.set_defaults(func=_replay)
 
 
@@ -100,8 +103,10 @@ def _replay(args: argparse.Namespace) -> int:
         )
         return 2
     try:
+        scale = ScaleOut.from_args(args)
         profile = get_profile(args.model)
         trace = load(args.trace)
+        scale.check_trace(trace)
     except (KeyError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -124,23 +129,35 @@ def _replay(args: argparse.Namespace) -> int:
         tpot_s=args.tpot_ms / 1e3,
         chunk_tokens=args.chunk_tokens,
     )
-    data = sweep(
-        trace,
-        profile,
-        policies,
-        args.memory,
-        base,
-        args.workers,
-        not args.no_progress,
-        state_fractions=args.state_fraction,
-    )
+    try:
+        scale.connect()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        data = sweep(
+            trace,
+            profile,
+            policies,
+            args.memory,
+            base,
+            args.workers,
+            not args.no_progress,
+            state_fractions=args.state_fraction,
+            **scale.sweep_kwargs(),
+        )
+    finally:
+        scale.close()
     elapsed = time.perf_counter() - start
     data["elapsed_s"] = elapsed
-    print(table(data))
-    plot_path = args.plot or f"out/replay-{Path(trace.name).stem}-{profile.name}.png"
-    Path(plot_path).parent.mkdir(parents=True, exist_ok=True)
-    plot(data, plot_path)
-    print(f"\nplot: {plot_path}")
+    print(scale.table(data) if scale.cluster else table(data))
+    if scale.cluster is None and scale.shard is None:
+        plot_path = args.plot or f"out/replay-{Path(trace.name).stem}-{profile.name}.png"
+        Path(plot_path).parent.mkdir(parents=True, exist_ok=True)
+        plot(data, plot_path)
+        print(f"\nplot: {plot_path}")
+    elif args.plot:
+        print("(no plot for --instances or --shard runs: the table and --json have the results)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(data, indent=1))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -21,8 +22,7 @@ def replay(
     """Run the serving model and return the metrics of one (policy, memory) point."""
     policy = make_policy(policy_name)
     model = ServingModel(trace, profile, policy, cfg)
-    if isinstance(policy, Marconi):
-        policy.tuner = lambda alpha: _window_flops(model, profile, cfg, alpha)
+    attach_tuner(model)
     start = time.perf_counter()
     model.run()
     elapsed = time.perf_counter() - start
@@ -32,6 +32,13 @@ def replay(
     if isinstance(policy, Marconi):
         out["alpha"] = policy.alpha
     return out
+
+
+def attach_tuner(model: ServingModel) -> None:
+    """Marconi tunes its alpha by replaying the model's recent requests."""
+    policy = model.policy
+    if isinstance(policy, Marconi):
+        policy.tuner = lambda alpha: _window_flops(model, model.profile, model.cfg, alpha)
 
 
 def _window_flops(
@@ -49,18 +56,27 @@ def _window_flops(
 def metrics(model: ServingModel, policy: str, cfg: ServingConfig) -> dict[str, Any]:
     """Hit rates are over every request of the trace: a dropped request (one
     that could never fit) counts as a miss."""
-    outs = model.outcomes
-    prompt = sum(o.input_tokens for o in outs) + sum(r.input_tokens for r in model.dropped)
+    return summarize([model], policy, cfg)
+
+
+def summarize(models: Sequence[ServingModel], policy: str, cfg: ServingConfig) -> dict[str, Any]:
+    """`metrics` of several serving models taken together (the instances of a
+    multi-instance replay): counts, evictions, capacities and peaks add up (a
+    peak is the sum of each model's own peak); rates and TTFT percentiles are
+    over every request."""
+    outs = [o for m in models for o in m.outcomes]
+    dropped = [r for m in models for r in m.dropped]
+    prompt = sum(o.input_tokens for o in outs) + sum(r.input_tokens for r in dropped)
     hits = sum(o.hit_tokens for o in outs)
-    requests = len(outs) + len(model.dropped)
+    requests = len(outs) + len(dropped)
     ttfts = sorted(o.ttft_s for o in outs) or [0.0]
-    ev, unit = model.cache.evictions, model.units.unit
+    unit = models[0].units.unit
     return {
         "policy": policy,
         "memory_gb": cfg.memory_gb,
         "requests": requests,
         "served": len(outs),
-        "dropped": len(model.dropped),
+        "dropped": len(dropped),
         "prompt_tokens": prompt,
         "cached_tokens": hits,
         "token_hit_rate": hits / max(1, prompt),
@@ -70,11 +86,11 @@ def metrics(model: ServingModel, policy: str, cfg: ServingConfig) -> dict[str, A
         "ttft_p50_s": statistics.median(ttfts),
         "ttft_p95_s": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))],
         "retractions": sum(o.retractions for o in outs),
-        "kv_tokens_evicted": ev["kv_tokens"] * unit,
-        "states_evicted": ev["states"],
-        "peak_kv_tokens": model.peak_kv * unit,
-        "kv_capacity_tokens": model.cache.kv.capacity * unit,
-        "peak_states": model.peak_states,
-        "state_capacity": model.cache.slots.capacity,
+        "kv_tokens_evicted": sum(m.cache.evictions["kv_tokens"] for m in models) * unit,
+        "states_evicted": sum(m.cache.evictions["states"] for m in models),
+        "peak_kv_tokens": sum(m.peak_kv for m in models) * unit,
+        "kv_capacity_tokens": sum(m.cache.kv.capacity for m in models) * unit,
+        "peak_states": sum(m.peak_states for m in models),
+        "state_capacity": sum(m.cache.slots.capacity for m in models),
         "config": asdict(cfg),
     }

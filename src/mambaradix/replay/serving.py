@@ -142,6 +142,7 @@ class VirtualClock:
     def __init__(self, tpot_s: float) -> None:
         self.tpot = tpot_s
         self.now = self.decode_start = self.decode_until = 0.0
+        self.prefill_s = 0.0  # accelerator time spent prefilling, in total
 
     def __call__(self) -> float:
         return self.now
@@ -149,6 +150,7 @@ class VirtualClock:
     def prefill(self, seconds: float) -> None:
         start = self.now
         self.now += seconds
+        self.prefill_s += seconds
         if self.decode_until > start:
             self.decode_until += seconds
 
@@ -303,18 +305,34 @@ class ServingModel:
 
     def run(self) -> None:
         reqs, times = self.trace.requests, self.arrival_times()
-        sched, i = self.scheduler, 0
-        while i < len(reqs) or sched.busy:
-            if i < len(reqs) and (not sched.busy or times[i] < self.clock.decode_until):
-                self.clock.wait_for(times[i])  # idle, or an arrival during a decode step
+        i = 0
+        while i < len(reqs) or self.scheduler.busy:
+            if i < len(reqs) and self.wakes_for(times[i]):
+                self.clock.wait_for(times[i])
             while i < len(reqs) and times[i] <= self.clock.now:
-                self._submit(i, reqs[i], times[i])
+                self.submit(i, times[i])
                 i += 1
-            if not sched.busy:
-                continue
-            if sched.step() == STALLED:
-                self._drop(sched.waiting[0])
-            self._track_peaks()
+            if self.scheduler.busy:
+                self.step()
+
+    # The pieces of `run()`, also driven one by one by the multi-instance replay.
+
+    def wakes_for(self, arrival: float) -> bool:
+        """Whether the scheduler moves its clock to act on `arrival`: it is
+        idle, or the arrival falls inside the decode step in flight."""
+        return not self.scheduler.busy or arrival < self.clock.decode_until
+
+    def submit(self, i: int, at: float) -> None:
+        """Queue trace request `i`, arrived at `at`."""
+        self._submit(i, self.trace.requests[i], at)
+
+    def step(self) -> str:
+        """One scheduler step; a request that can never run is dropped."""
+        kind = self.scheduler.step()
+        if kind == STALLED:
+            self._drop(self.scheduler.waiting[0])
+        self._track_peaks()
+        return kind
 
     def _submit(self, i: int, tr: TraceRequest, at: float) -> None:
         n_out = max(1, len(tr.output_units))

@@ -4,22 +4,24 @@ processes, plus the bound; as JSON-ready data, a table and a plot."""
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import replace
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any
 
 from mambaradix.replay.bound import bound_token_hit_rate
+from mambaradix.replay.cells import Cell, build_cells, row_key, run_cell
+from mambaradix.replay.cluster import ClusterSpec
+from mambaradix.replay.executors import run_on
 from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig
+from mambaradix.replay.shards import Shard, shard_header
 from mambaradix.replay.trace import Trace
 
 _WORK: tuple[Trace, ModelProfile] | None = None  # inherited by forked workers
 
 
-def _one(policy: str, cfg: ServingConfig) -> dict[str, Any]:
+def _one(cell: Cell) -> dict[str, Any]:
     assert _WORK is not None
-    return replay(_WORK[0], _WORK[1], policy, cfg)
+    return run_cell(_WORK, cell)
 
 
 def sweep(
@@ -31,43 +33,48 @@ def sweep(
     workers: int | None = None,
     progress: bool = True,
     state_fractions: list[float] | None = None,
+    executor: Executor | None = None,
+    shard: Shard | None = None,
+    routers: list[str] | None = None,
+    cluster: ClusterSpec | None = None,
 ) -> dict[str, Any]:
     """Every (state fraction, memory, policy) point; several state fractions
-    sweep the split of memory between the KV pool and the state pool."""
+    sweep the split of memory between the KV pool and the state pool. With
+    `routers` and `cluster`, every router too, over `cluster.instances`
+    instances. `executor` runs the cells (default: forked processes);
+    `shard` runs only its share of them (`shards.py`)."""
     global _WORK
     _WORK = (trace, profile)
     fractions = state_fractions or [base.state_fraction]
-    points = [
-        (p, replace(base, memory_gb=m, state_fraction=f))
-        for f in fractions
-        for m in memories
-        for p in policies
-    ]
+    cells = build_cells(policies, memories, base, fractions, routers, cluster)
+    points = shard.select(cells) if shard is not None else cells
     workers = workers or min(len(points), os.cpu_count() or 1)
     results: list[dict[str, Any]] = []
     bar = _bar(len(points), progress)
-    if workers <= 1:
-        for p, cfg in points:
-            results.append(_one(p, cfg))
+    if executor is not None:
+        results = run_on(executor, _WORK, points, lambda: bar.update(1))
+    elif workers <= 1:
+        for cell in points:
+            results.append(_one(cell))
             bar.update(1)
     else:
         import multiprocessing as mp
 
         ctx = mp.get_context("fork")
         with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            futures = [pool.submit(_one, p, cfg) for p, cfg in points]
+            futures = [pool.submit(_one, cell) for cell in points]
             for f in as_completed(futures):
                 results.append(f.result())
                 bar.update(1)
     bar.close()
-    order = {(p, c.memory_gb, c.state_fraction): i for i, (p, c) in enumerate(points)}
+    order = {cell.key: i for i, cell in enumerate(points)}
     for r in results:
         r["state_fraction"] = r["config"]["state_fraction"]
-    results.sort(key=lambda r: order[(r["policy"], r["memory_gb"], r["state_fraction"])])
+    results.sort(key=lambda r: order[row_key(r)])
     bound = bound_token_hit_rate(trace)
     for r in results:
         r["share_of_bound"] = r["token_hit_rate"] / bound if bound else 0.0
-    return {
+    data = {
         "trace": {
             "name": trace.name,
             "requests": len(trace),
@@ -83,6 +90,9 @@ def sweep(
         "bound": {"token_hit_rate": bound},
         "results": results,
     }
+    if shard is not None:
+        data.update(shard_header(trace, profile, cells, shard))
+    return data
 
 
 class _NoBar:

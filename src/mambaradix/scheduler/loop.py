@@ -309,7 +309,8 @@ class Scheduler:
         if self._finished_since_decode:
             self._finished_since_decode = False
             self.batch_is_full = False
-        self._skip_quiet_steps()
+        if self._skip_quiet_steps():
+            return
         if not self.cache.decode_fits([s.req for s in self.running if s.token_due()]):
             self._retract()
         else:
@@ -339,17 +340,21 @@ class Scheduler:
             elif seq in due and self._decode_checkpoint(seq):
                 self._checkpoint(seq, DECODED)
 
-    def _skip_quiet_steps(self) -> None:
+    def _skip_quiet_steps(self) -> bool:
         """Steps in which no running sequence generates a token or ends (only
-        when `decode_steps` exceeds the tokens to generate) pass at once."""
+        when `decode_steps` exceeds the tokens to generate) pass at once, as
+        one step of their own: the caller may act (admit, prefill) at any token
+        boundary inside them before the next step that generates. True if
+        steps passed."""
         quiet = min(s.steps_to_event() for s in self.running) - 1
         if quiet <= 0:
-            return
+            return False
         for seq in self.running:
             seq.steps_done += quiet
         for _ in range(quiet):
             self.ratio.decay_step()
         self._pass_steps(quiet)
+        return True
 
     def _pass_steps(self, n: int) -> list[int]:
         """Tell the forward that n decode steps passed with no token to compute

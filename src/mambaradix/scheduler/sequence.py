@@ -98,8 +98,10 @@ class Sequence:
 
     def steps_to_event(self) -> int:
         """Decode steps until one generates a token or the sequence ends."""
+        if self.to_finish:
+            return 1  # it decodes one more token and ends
         made, extra, total = len(self.req.output_ids), self.max_new_tokens - 1, self.total_steps
-        if self.to_finish or made >= self.max_new_tokens or extra == 0:
+        if made >= self.max_new_tokens or extra == 0:
             return max(1, total - self.steps_done)
         at = -(-made * total // extra)  # first step count with `made + 1` tokens
         return max(1, min(at, total) - self.steps_done)
