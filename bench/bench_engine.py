@@ -13,7 +13,8 @@ Columns: requests/s over the whole run, mean and median TTFT (from a round's sub
 the request's first token; all sessions' turn t are submitted together), prefill tokens
 computed, hit rate, the hit rate `mambaradix replay` predicts for the same requests and pool
 sizes, and whether greedy outputs match with and without the cache.
-Batch size is 1 per forward (round-robin), so requests/s is a latency-bound number.
+Decode runs every running request in one forward per step (`--single-decode`: one forward per
+request, as the engine did before). `--device cuda --dtype bfloat16` runs on a GPU.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=None, help="override the preset hidden size")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--single-decode", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -80,7 +84,12 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     for model in args.models.split(","):
         for name, sessions in workloads.items():
-            kw = {"chunk_size": args.chunk_size}
+            kw = {
+                "chunk_size": args.chunk_size,
+                "device": args.device,
+                "dtype": getattr(torch, args.dtype),
+                "batch_decode": not args.single_decode,
+            }
             if overrides:
                 kw["model_overrides"] = overrides  # type: ignore[assignment]
             data = compare_cache(sessions, args.max_new_tokens, model=model, seed=args.seed, **kw)

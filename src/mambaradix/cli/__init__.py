@@ -1,5 +1,5 @@
 """Command line: `mambaradix replay` (the main job), `mambaradix engine`,
-`mambaradix demo` and `mambaradix index`.
+`mambaradix demo`, `mambaradix index` and `mambaradix merge`.
 
 Every command checks all of its input before it starts any work. Exit codes:
 0 done; 1 the run failed (e.g. it served nothing); 2 bad input (one line on
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from mambaradix.cli import demo, engine, replay
 from mambaradix.cli.checks import Parser, UsageError
 from mambaradix.index.cli import add_parser as add_index_parser
+from mambaradix.replay.cluster_cli import add_merge_parser
 
 __all__ = ["main"]
 
@@ -33,7 +34,8 @@ def parser() -> Parser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--debug", action="store_true", help="show tracebacks")
         add(p)
-    add_index_parser(sub)  # its own checks and exit codes (`mambaradix.index.cli`)
+    add_index_parser(sub)  # these two have their own checks and exit codes
+    add_merge_parser(sub)
     return top
 
 
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
     except SystemExit as e:  # --help, or a bad argument (already reported on one line)
         return e.code if isinstance(e.code, int) else 2
-    if args.command == "index":
+    if args.command in ("index", "merge"):
         return int(args.func(args))
     prog = f"mambaradix {args.command}"
     try:

@@ -147,7 +147,7 @@ def check_output(path: Path, flag: str) -> None:
         raise UsageError(f"{flag} {path}: cannot create files in {parent} ({e.strerror})") from None
 
 
-def write_all(writers: dict[Path, Callable[[Path], None]]) -> None:
+def write_all(writers: dict[Path, Callable[[Path], object]]) -> None:
     """Write every file or none: each writer writes a temporary file next to its
     target (same extension), and only when all have succeeded are they renamed
     into place. On any failure, Ctrl-C included, the temporaries are removed."""

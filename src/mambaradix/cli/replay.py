@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from mambaradix.cli.checks import (
     warn,
     write_all,
 )
+from mambaradix.replay.cluster_cli import ScaleOut, add_replay_arguments
 
 if TYPE_CHECKING:
     from mambaradix.replay.fit import Pools
@@ -78,34 +80,25 @@ def add(p: argparse.ArgumentParser) -> None:
         "(default out/replay-TRACE-MODEL.png)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_replay_arguments(p)  # --instances, --router..., --shard, --executor
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from mambaradix.replay.progress import shown
-    from mambaradix.replay.sweep import sweep
 
     start = time.perf_counter()
-    profile, base = validate(args)
+    profile, base, scale = validate(args)
     with shown(not args.no_progress):
-        trace = load_trace(args.trace, args.limit)
+        trace = load_trace(args.trace, args.limit, scale)
         policies, left_out = pick_policies(args, trace, base)
-        plot_path = plot_target(args.plot, trace, profile)
+        plot_path = plot_target(args.plot, trace, profile) if plots(scale) else None
         check_outputs(plot_path, args.json)
         check_sizes(trace, profile, base, policies, args)
-        data = sweep(
-            trace,
-            profile,
-            policies,
-            args.memory,
-            base,
-            args.workers,
-            not args.no_progress,
-            state_fractions=args.state_fraction,
-        )
+        data = run_sweep(args, trace, profile, policies, base, scale)
     data["policies_left_out"] = left_out
     data["elapsed_s"] = elapsed = time.perf_counter() - start
-    print(table_text(data))
+    print(scale.table(data) if scale.cluster else table_text(data))
     warn_dropped(data, trace, profile, base)
     if failed := [r for r in data["results"] if r["served"] == 0]:
         where = ", ".join(f"{r['policy']} at {r['memory_gb']:g} GB" for r in failed)
@@ -117,16 +110,59 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig]:
+def plots(scale: ScaleOut) -> bool:
+    """Single-instance, whole sweeps have a plot; cluster and shard runs do not."""
+    return scale.cluster is None and scale.shard is None
+
+
+def run_sweep(
+    args: argparse.Namespace,
+    trace: Trace,
+    profile: ModelProfile,
+    policies: list[str],
+    base: ServingConfig,
+    scale: ScaleOut,
+) -> dict[str, Any]:
+    from mambaradix.replay.sweep import sweep
+
+    try:
+        scale.connect()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        return sweep(
+            trace,
+            profile,
+            policies,
+            args.memory,
+            base,
+            args.workers,
+            not args.no_progress,
+            state_fractions=args.state_fraction,
+            **scale.sweep_kwargs(),
+        )
+    finally:
+        scale.close()
+
+
+def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, ScaleOut]:
     """Everything that needs no trace: model, policies, option combinations."""
     from mambaradix.replay.models import get_profile
     from mambaradix.replay.policies import POLICIES
     from mambaradix.replay.serving import ServingConfig
 
     try:
+        scale = ScaleOut.from_args(args)
         profile = get_profile(args.model)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     except KeyError as e:
         raise UsageError(f"--model: {e.args[0]}") from None
+    if args.plot is not None and not plots(scale):
+        raise UsageError(
+            "--plot has no effect with --instances or --shard (the table and --json have "
+            "the results)"
+        )
     if unknown := [x for x in args.policy or [] if x not in POLICIES]:
         raise UsageError(
             f"--policy: unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}"
@@ -139,7 +175,7 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig]:
             f"--track-interval {track} must be a multiple of --page-size {args.page_size}, "
             "as SGLang requires"
         )
-    check_outputs(plot_target(args.plot, None, profile), args.json)
+    check_outputs(plot_target(args.plot, None, profile) if plots(scale) else None, args.json)
     base = ServingConfig(
         memory_gb=args.memory[0],
         sequential=args.sequential,
@@ -150,7 +186,7 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig]:
         page_size=args.page_size,
         track_interval=track,
     )
-    return profile, base
+    return profile, base, scale
 
 
 def default_track_interval(page: int) -> int:
@@ -191,7 +227,7 @@ def pick_policies(
     return policies, dict.fromkeys(unpaged, why)
 
 
-def load_trace(name: str, limit: int | None) -> Trace:
+def load_trace(name: str, limit: int | None, scale: ScaleOut | None = None) -> Trace:
     from mambaradix.replay.workloads import load
 
     try:
@@ -200,6 +236,11 @@ def load_trace(name: str, limit: int | None) -> Trace:
         raise UsageError(f"--trace: {e}") from None
     if limit is not None:
         trace.requests = trace.requests[:limit]
+    try:
+        if scale is not None:
+            scale.check_trace(trace)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return trace
 
 
@@ -224,11 +265,12 @@ def plot_target(arg: str | None, trace: Trace | None, profile: ModelProfile) -> 
     return path
 
 
-def check_outputs(plot_path: Path, json_path: Path | None) -> None:
-    check_output(plot_path, "--plot")
+def check_outputs(plot_path: Path | None, json_path: Path | None) -> None:
+    if plot_path is not None:
+        check_output(plot_path, "--plot")
     if json_path is not None:
         check_output(json_path, "--json")
-        if json_path.resolve() == plot_path.resolve():
+        if plot_path is not None and json_path.resolve() == plot_path.resolve():
             raise UsageError(f"--json and --plot name the same file {json_path}")
 
 
@@ -325,13 +367,16 @@ def warn_dropped(
         )
 
 
-def write_outputs(data: dict[str, Any], plot_path: Path, json_path: Path | None) -> None:
+def write_outputs(data: dict[str, Any], plot_path: Path | None, json_path: Path | None) -> None:
     from mambaradix.replay.sweep import plot
 
-    writers = {plot_path: lambda p: plot(data, str(p))}
+    writers: dict[Path, Callable[[Path], object]] = {}
+    if plot_path is not None:
+        writers[plot_path] = lambda p: plot(data, str(p))
     if json_path is not None:
         writers[json_path] = lambda p: p.write_text(json.dumps(data, indent=1))
     write_all(writers)
-    print(f"\nplot: {plot_path}")
+    if plot_path is not None:
+        print(f"\nplot: {plot_path}")
     if json_path is not None:
         print(f"json: {json_path}")

@@ -8,8 +8,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-
+from mambaradix.engine.device import check_dtype
 from mambaradix.lifecycle.manager import STRATEGIES
 from mambaradix.scheduler import admission_need, fits_alone, slots_alone
 from mambaradix.validate import as_bool, as_count, as_int, as_positive, as_token_ids, as_type
@@ -53,9 +52,13 @@ def check_engine_args(**kw: Any) -> None:
         as_positive(kw["max_context"], "max_context")
     if kw["compat"] not in (None, "sglang"):
         raise ValueError(f"compat must be None or 'sglang', got {kw['compat']!r}")
-    as_type(kw["dtype"], torch.dtype, "dtype")
+    check_dtype(kw["dtype"])
     if kw["model_overrides"] is not None:
         as_type(kw["model_overrides"], dict, "model_overrides")
+    for name in ("batch_decode", "deterministic", "keep_logits"):
+        as_bool(kw[name], name)
+    if kw["deterministic"] and strategy != "no_buffer":
+        raise ValueError("deterministic=True needs strategy='no_buffer'")
 
 
 def _strategy(strategy: object, page: int) -> str:

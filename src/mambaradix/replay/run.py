@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -31,8 +32,7 @@ def replay(
     check_memory(trace, profile, cfg, {policy_name: policy_strategy(policy_name)})
     policy = make_policy(policy_name)
     model = ServingModel(trace, profile, policy, cfg)
-    if isinstance(policy, Marconi):
-        policy.tuner = lambda alpha: _window_flops(model, profile, cfg, alpha)
+    attach_tuner(model)
     start = time.perf_counter()
     model.run()
     elapsed = time.perf_counter() - start
@@ -42,6 +42,13 @@ def replay(
     if isinstance(policy, Marconi):
         out["alpha"] = policy.alpha
     return out
+
+
+def attach_tuner(model: ServingModel) -> None:
+    """Marconi tunes its alpha by replaying the model's recent requests."""
+    policy = model.policy
+    if isinstance(policy, Marconi):
+        policy.tuner = lambda alpha: _window_flops(model, model.profile, model.cfg, alpha)
 
 
 def _window_flops(
@@ -60,21 +67,31 @@ def metrics(model: ServingModel, policy: str, cfg: ServingConfig) -> dict[str, A
     """Hit rates are over every request of the trace: a dropped request (one
     that could never fit) counts as a miss, its prompt in the denominator.
     TTFTs are over the served requests (None if none was)."""
-    outs = model.outcomes
-    index = {id(r): i for i, r in enumerate(model.trace.requests)}
-    dropped_prompt = sum(r.input_tokens for r in model.dropped)
+    return summarize([model], policy, cfg)
+
+
+def summarize(models: Sequence[ServingModel], policy: str, cfg: ServingConfig) -> dict[str, Any]:
+    """`metrics` of several serving models taken together (the instances of a
+    multi-instance replay, each built on the same trace): counts, evictions,
+    capacities and peaks add up (a peak is the sum of each model's own peak);
+    rates and TTFT percentiles are over every request, dropped ones counted
+    as misses (their arrival-order indices in `dropped_requests`)."""
+    outs = [o for m in models for o in m.outcomes]
+    dropped = [r for m in models for r in m.dropped]
+    index = {id(r): i for i, r in enumerate(models[0].trace.requests)}
+    dropped_prompt = sum(r.input_tokens for r in dropped)
     prompt = sum(o.input_tokens for o in outs) + dropped_prompt
     hits = sum(o.hit_tokens for o in outs)
-    requests = len(outs) + len(model.dropped)
+    requests = len(outs) + len(dropped)
     ttfts = sorted(o.ttft_s for o in outs)
-    ev, unit = model.cache.evictions, model.units.unit
+    unit = models[0].units.unit
     return {
         "policy": policy,
         "memory_gb": cfg.memory_gb,
         "requests": requests,
         "served": len(outs),
-        "dropped": len(model.dropped),
-        "dropped_requests": sorted(index[id(r)] for r in model.dropped),
+        "dropped": len(dropped),
+        "dropped_requests": sorted(index[id(r)] for r in dropped),
         "prompt_tokens": prompt,
         "dropped_prompt_tokens": dropped_prompt,
         "cached_tokens": hits,
@@ -85,11 +102,11 @@ def metrics(model: ServingModel, policy: str, cfg: ServingConfig) -> dict[str, A
         "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
         "ttft_p95_s": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else None,
         "retractions": sum(o.retractions for o in outs),
-        "kv_tokens_evicted": ev["kv_tokens"] * unit,
-        "states_evicted": ev["states"],
-        "peak_kv_tokens": model.peak_kv * unit,
-        "kv_capacity_tokens": model.cache.kv.capacity * unit,
-        "peak_states": model.peak_states,
-        "state_capacity": model.cache.slots.capacity,
+        "kv_tokens_evicted": sum(m.cache.evictions["kv_tokens"] for m in models) * unit,
+        "states_evicted": sum(m.cache.evictions["states"] for m in models),
+        "peak_kv_tokens": sum(m.peak_kv for m in models) * unit,
+        "kv_capacity_tokens": sum(m.cache.kv.capacity for m in models) * unit,
+        "peak_states": sum(m.peak_states for m in models),
+        "state_capacity": sum(m.cache.slots.capacity for m in models),
         "config": asdict(cfg),
     }

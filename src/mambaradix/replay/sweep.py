@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any
 
 from mambaradix.replay.bound import bound_token_hit_rate
+from mambaradix.replay.cells import Cell, build_cells, row_key, run_cell
 from mambaradix.replay.checks import (
     check_inputs,
     check_paged,
@@ -18,20 +20,21 @@ from mambaradix.replay.checks import (
     check_workers,
     policy_strategy,
 )
+from mambaradix.replay.cluster import ClusterSpec
+from mambaradix.replay.executors import run_on
 from mambaradix.replay.fit import check_memory
 from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.progress import Counter, counter
-from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig
+from mambaradix.replay.shards import Shard, shard_header
 from mambaradix.replay.trace import Trace
 
 _WORK: tuple[Trace, ModelProfile] | None = None  # inherited by forked workers
-Point = tuple[str, ServingConfig]
 
 
-def _one(point: Point) -> dict[str, Any]:
+def _one(cell: Cell) -> dict[str, Any]:
     assert _WORK is not None
-    return replay(_WORK[0], _WORK[1], *point)
+    return run_cell(_WORK, cell)
 
 
 def _init_worker() -> None:
@@ -52,27 +55,38 @@ def sweep(
     workers: int | None = None,
     progress: bool = True,
     state_fractions: list[float] | None = None,
+    executor: Executor | None = None,
+    shard: Shard | None = None,
+    routers: list[str] | None = None,
+    cluster: ClusterSpec | None = None,
 ) -> dict[str, Any]:
     """Every (state fraction, memory, policy) point; several state fractions
-    sweep the split of memory between the KV pool and the state pool.
+    sweep the split of memory between the KV pool and the state pool. With
+    `routers` and `cluster`, every router too, over `cluster.instances`
+    instances. `executor` runs the cells (default: forked processes);
+    `shard` runs only its share of them (`shards.py`).
 
     Checks every argument first (TypeError / ValueError naming it), including
     that each memory point holds at least one request of the trace. Ctrl-C
     (KeyboardInterrupt) terminates the worker processes before it propagates."""
-    points = _points(trace, profile, policies, memories, base, state_fractions)
+    cells = _cells(trace, profile, policies, memories, base, state_fractions, routers, cluster)
+    points = shard.select(cells) if shard is not None else cells
     workers = check_workers(workers) or min(len(points), os.cpu_count() or 1)
     bound = bound_token_hit_rate(trace)
     bar = counter(len(points), "replay", "run", show=progress)
     try:
-        results = _run(points, trace, profile, min(workers, len(points)), bar)
+        results = _run(points, trace, profile, min(workers, len(points)), bar, executor)
     finally:
         bar.close()
-    order = {(p, c.memory_gb, c.state_fraction): i for i, (p, c) in enumerate(points)}
+    order = {cell.key: i for i, cell in enumerate(points)}
     for r in results:
         r["state_fraction"] = r["config"]["state_fraction"]
         r["share_of_bound"] = r["token_hit_rate"] / bound if bound else 0.0
-    results.sort(key=lambda r: order[(r["policy"], r["memory_gb"], r["state_fraction"])])
-    return _data(trace, profile, bound, results)
+    results.sort(key=lambda r: order[row_key(r)])
+    data = _data(trace, profile, bound, results)
+    if shard is not None:
+        data.update(shard_header(trace, profile, cells, shard))
+    return data
 
 
 def _data(
@@ -96,15 +110,18 @@ def _data(
     }
 
 
-def _points(
+def _cells(
     trace: Trace,
     profile: ModelProfile,
     policies: list[str],
     memories: list[float],
     base: ServingConfig,
     state_fractions: list[float] | None,
-) -> list[Point]:
-    """The checked sweep points, in table order (fraction, memory, policy)."""
+    routers: list[str] | None,
+    cluster: ClusterSpec | None,
+) -> list[Cell]:
+    """The checked sweep cells, in table order (fraction, memory, router, policy).
+    With a cluster, each instance has `memory` of its own: the same checks hold."""
     check_inputs(trace, profile, base)
     policies = check_policies(policies)
     check_paged(policies, trace, base, "policies")
@@ -117,24 +134,26 @@ def _points(
         for m in memories:
             cfg = replace(base, memory_gb=m, state_fraction=f)
             check_memory(trace, profile, cfg, strategies, "memories")
-    return [
-        (p, replace(base, memory_gb=m, state_fraction=f))
-        for f in fractions
-        for m in memories
-        for p in policies
-    ]
+    return build_cells(policies, memories, base, fractions, routers, cluster)
 
 
 def _run(
-    points: list[Point], trace: Trace, profile: ModelProfile, workers: int, bar: Counter
+    points: list[Cell],
+    trace: Trace,
+    profile: ModelProfile,
+    workers: int,
+    bar: Counter,
+    executor: Executor | None,
 ) -> list[dict[str, Any]]:
     global _WORK
     _WORK = (trace, profile)
     try:
+        if executor is not None:
+            return run_on(executor, _WORK, points, lambda: bar.update(1))
         if workers <= 1:
             results = []
-            for point in points:
-                results.append(_one(point))
+            for cell in points:
+                results.append(_one(cell))
                 bar.update(1)
             return results
         return _run_pool(points, workers, bar)
@@ -142,8 +161,8 @@ def _run(
         _WORK = None
 
 
-def _run_pool(points: list[Point], workers: int, bar: Counter) -> list[dict[str, Any]]:
-    """The points on `workers` forked processes. They are started with SIGINT
+def _run_pool(points: list[Cell], workers: int, bar: Counter) -> list[dict[str, Any]]:
+    """The cells on `workers` forked processes. They are started with SIGINT
     blocked (so a Ctrl-C cannot hit one before it ignores SIGINT) and are
     terminated on any exception here, KeyboardInterrupt included."""
     import multiprocessing as mp
