@@ -387,12 +387,12 @@ def test_debug_shows_the_traceback(cwd: Path) -> None:
 def test_an_internal_failure_is_one_line_and_exit_1(
     cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import mambaradix.replay.sweep as sweep_module
+    import mambaradix.replay.cells as cells_module  # where the sweep runs a cell
 
     def broken(*args: object) -> None:
         raise RuntimeError("the serving model broke\nacross two lines")
 
-    monkeypatch.setattr(sweep_module, "replay", broken)
+    monkeypatch.setattr(cells_module, "replay", broken)
     args = ["replay", "--trace", "tiny.jsonl", "--model", "marconi-7b", "--memory", "1"]
     assert main([*args, "--workers", "1", "--no-progress"]) == 1
     err = capsys.readouterr().err

@@ -251,13 +251,13 @@ def test_cli_run_that_serves_nothing_fails(
 ) -> None:
     # The fit check guarantees some request fits alone; a serving model that
     # still serves nothing (stand-in below) must not look like a result.
-    import mambaradix.replay.sweep as sweep_module
+    import mambaradix.replay.cells as cells_module  # where the sweep runs a cell
 
     def serves_nothing(*args: Any) -> dict[str, Any]:
         r = replay(*args)
         return {**r, "served": 0, "dropped": r["requests"], "token_hit_rate": 0.0}
 
-    monkeypatch.setattr(sweep_module, "replay", serves_nothing)
+    monkeypatch.setattr(cells_module, "replay", serves_nothing)
     assert main(cli(dropped_trace, tmp_path, "1", "sglang")) == 1
     err = capsys.readouterr().err
     assert "mambaradix replay: error: nothing was served (sglang at 1 GB)" in err
