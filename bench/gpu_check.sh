@@ -16,8 +16,10 @@ export PYTHONPATH=src
 status=0
 
 "$PY" - <<'EOF' || exit 2
+import sys
 import torch
-assert torch.cuda.is_available(), "no CUDA device: this check needs a GPU"
+if not torch.cuda.is_available():
+    sys.exit("gpu_check.sh: no CUDA device: this check needs a GPU")
 print(torch.__version__, torch.cuda.get_device_name(), flush=True)
 EOF
 

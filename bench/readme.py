@@ -11,6 +11,11 @@ code blocks with how the test runs it (column 2) and how long a full run takes
   `in the background`   a server: started with the `quoted` options appended, on a
                         free port instead of the one it names, then stopped
   `against the server`  a client of the server row above it, on the server's port
+  `run as ...`          a shard of a sweep: run for every i/N, with the `quoted`
+                        options appended (the last quoted text)
+  `on the shard files`  the merge of the shards above, checked against a serial run
+  `needs a GPU`         without CUDA: exit code 2 and the `quoted` text on stderr;
+                        with CUDA: run as written
   `OPTIONS`             the test appends OPTIONS
 """
 
@@ -81,6 +86,11 @@ def _quoted(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _last_quoted(text: str) -> str:
+    found = re.findall(r"`([^`]+)`", text)
+    return found[-1] if found else ""
+
+
 def how_tested(row: Row) -> Tested:
     col = row.test
     words = shlex.split(row.command)
@@ -88,6 +98,12 @@ def how_tested(row: Row) -> Tested:
         return Tested(words + shlex.split(_quoted(col) or ""), 0, None, "server")
     if col.startswith("against the server"):
         return Tested(words, 0, None, "client")
+    if col.startswith("run as"):
+        return Tested(words + shlex.split(_last_quoted(col)), 0, None, "shard")
+    if col.startswith("on the shard files"):
+        return Tested(words, 0, None, "merge")
+    if col.startswith("needs a GPU"):
+        return Tested(words, 2, _quoted(col), "gpu")
     if col.startswith("runs "):
         words = shlex.split(_quoted(col) or "")
     elif col.startswith("nothing"):
@@ -155,12 +171,19 @@ def _table_after(text: str, header_start: str) -> list[list[str]]:
     return rows
 
 
+ENGINE_HEADER = "| model | workload | req/s cache on / off |"
+
+
 def engine_table(text: str) -> dict[tuple[str, str], dict[str, Claim]]:
-    """(model, workload) -> req/s and mean TTFT (s) with the cache on and off."""
+    """(model, workload) -> req/s and mean TTFT (s) with the cache on and off,
+    from the columns so named."""
+    header = ENGINE_HEADER + text.split(ENGINE_HEADER, 1)[1].splitlines()[0]
+    names = [c.strip() for c in header.strip().strip("|").split("|")]
+    req, ttft = names.index("req/s cache on / off"), names.index("mean TTFT on / off")
     out = {}
-    for cells in _table_after(text, "| model | workload | req/s cache on / off |"):
-        req_on, req_off = (float(x) for x in cells[2].split("/"))
-        ttft_on, ttft_off = (float(x) / 1e3 for x in cells[3].removesuffix("ms").split("/"))
+    for cells in _table_after(text, ENGINE_HEADER):
+        req_on, req_off = (float(x) for x in cells[req].split("/"))
+        ttft_on, ttft_off = (float(x) / 1e3 for x in cells[ttft].removesuffix("ms").split("/"))
         out[cells[0], cells[1]] = {
             "req/s on": Claim(req_on, req_on),
             "req/s off": Claim(req_off, req_off),

@@ -14,7 +14,8 @@ Checks (a stated range a-b holds for a measurement in [a/2, 2b]):
   4. the core table: median µs per op and side, from the `bench/bench_vs_sglang.py` run;
   5. the indexer's speed paragraph: events/s, blocks/s and query µs, from the
      `bench/bench_indexer.py` run.
-The index server and its `curl` clients are not timed (the server runs until stopped).
+Not timed: the index server and its `curl` clients (the server runs until stopped), the
+merge of shards (it needs all of them) and the GPU check.
 Commands run with this Python and the repository's `src` first on the path, in a temporary
 directory (outputs land there). Exit status 1 if any check fails.
 """
@@ -91,8 +92,8 @@ def run_row(row: Row, tmp: Path) -> float | None:
     if "readme_timings.py" in row.command:
         return None  # checked against this script's own total at the end
     tested = readme.how_tested(row)
-    if tested.role != "command":
-        return None
+    if tested.role not in ("command", "shard"):
+        return None  # a server, its clients, the merge of shards, the GPU check
     if row.command.startswith("bash "):
         words = script_command(row.command.split()[1])
     else:

@@ -23,11 +23,27 @@ import readme  # noqa: E402
 
 TEXT = readme.read()
 ROWS = readme.command_rows(TEXT)
-SLOW = ("engine", "bench/bench_", "replay_table", "--sequential", "swe-agent", "scripts/main.sh")
+SLOW = (
+    "engine",
+    "bench/bench_",
+    "replay_table",
+    "--sequential",
+    "swe-agent",
+    "scripts/main.sh",
+    "--instances",
+    "--executor",
+)
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(readme.REPO / "src"), "MPLBACKEND": "Agg"}
+    src = str(readme.REPO / "src")
+    return {**os.environ, "PYTHONPATH": src, "MPLBACKEND": "Agg", "PYTHON": sys.executable}
+
+
+def cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def test_readme_python_blocks_run() -> None:
@@ -57,7 +73,7 @@ def params() -> list[object]:
     out = []
     for row in ROWS:
         tested = readme.how_tested(row)
-        if tested.words is None or tested.role != "command":
+        if tested.words is None or tested.role not in ("command", "gpu"):
             continue
         slow = any(s in row.command for s in SLOW)
         marks = [pytest.mark.slow] if slow else []
@@ -70,20 +86,46 @@ def test_readme_command(row: readme.Row, tested: readme.Tested, tmp_path: Path) 
     assert tested.words is not None
     if "my_trace.jsonl" in row.command:
         write_my_trace(tmp_path)
-    done = subprocess.run(
-        readme.to_argv(tested.words),
-        cwd=tmp_path,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == tested.exit_code, done.stderr[-3000:]
+    done = run(tested.words, tmp_path)
+    gpu_here = tested.role == "gpu" and cuda()  # then the GPU check runs for real
+    assert done.returncode == (0 if gpu_here else tested.exit_code), done.stderr[-3000:]
     assert "Traceback" not in done.stderr
-    if tested.stderr_has is not None:
+    if tested.stderr_has is not None and not gpu_here:
         assert tested.stderr_has in done.stderr
     if "replay" in tested.words and "--json" in tested.words:
         assert (tmp_path / tested.words[tested.words.index("--json") + 1]).is_file()
+
+
+def run(words: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    argv = readme.to_argv(words)
+    return subprocess.run(argv, cwd=cwd, env=env(), capture_output=True, text=True, timeout=900)
+
+
+WALL_CLOCK = ("replay_s", "requests_per_s")
+
+
+def results(path: Path) -> list[dict[str, object]]:
+    rows = json.loads(path.read_text())["results"]
+    return [{k: v for k, v in r.items() if k not in WALL_CLOCK} for r in rows]
+
+
+@pytest.mark.slow
+def test_readme_shards_and_their_merge(tmp_path: Path) -> None:
+    (shard,) = [r for r in ROWS if readme.how_tested(r).role == "shard"]
+    (merge,) = [r for r in ROWS if readme.how_tested(r).role == "merge"]
+    words = readme.how_tested(shard).words or []
+    assert "1/3" in words and "s1.json" in words
+    for i in (1, 2, 3):
+        each = [w.replace("1/3", f"{i}/3").replace("s1.json", f"s{i}.json") for w in words]
+        done = run(each, tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+    done = run(readme.how_tested(merge).words or [], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    at = words.index("--shard")
+    serial = [*words[:at], *words[at + 2 :]]
+    serial[serial.index("s1.json")] = "serial.json"
+    assert run(serial, tmp_path).returncode == 0
+    assert results(tmp_path / "all.json") == results(tmp_path / "serial.json")
 
 
 def free_port() -> int:
