@@ -384,8 +384,9 @@ def test_debug_shows_the_traceback(cwd: Path) -> None:
         main(["replay", "--debug", "--trace", "tiny.jsonl", "--json", "."])
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])  # in-process, and in forked workers
 def test_an_internal_failure_is_one_line_and_exit_1(
-    cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, workers: str
 ) -> None:
     import mambaradix.replay.cells as cells_module  # where the sweep runs a cell
 
@@ -394,7 +395,7 @@ def test_an_internal_failure_is_one_line_and_exit_1(
 
     monkeypatch.setattr(cells_module, "replay", broken)
     args = ["replay", "--trace", "tiny.jsonl", "--model", "marconi-7b", "--memory", "1"]
-    assert main([*args, "--workers", "1", "--no-progress"]) == 1
+    assert main([*args, "--workers", workers, "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err == (
         "mambaradix replay: failed: RuntimeError: the serving model broke across two lines "
@@ -402,4 +403,4 @@ def test_an_internal_failure_is_one_line_and_exit_1(
     )
     assert not (cwd / "out").exists()
     with pytest.raises(RuntimeError, match="the serving model broke"):
-        main([*args, "--workers", "1", "--no-progress", "--debug"])
+        main([*args, "--workers", workers, "--no-progress", "--debug"])

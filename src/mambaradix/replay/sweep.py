@@ -4,8 +4,6 @@ processes, plus the bound; as JSON-ready data, a table and a plot."""
 from __future__ import annotations
 
 import os
-import signal
-import sys
 from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any
@@ -23,6 +21,7 @@ from mambaradix.replay.checks import (
 from mambaradix.replay.cluster import ClusterSpec
 from mambaradix.replay.executors import run_on
 from mambaradix.replay.fit import check_memory
+from mambaradix.replay.forked import run_forked
 from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.progress import Counter, counter
 from mambaradix.replay.serving import ServingConfig
@@ -35,15 +34,6 @@ _WORK: tuple[Trace, ModelProfile] | None = None  # inherited by forked workers
 def _one(cell: Cell) -> dict[str, Any]:
     assert _WORK is not None
     return run_cell(_WORK, cell)
-
-
-def _init_worker() -> None:
-    """A worker leaves Ctrl-C to the parent (which terminates it) and uses one
-    torch thread if torch was imported."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
 
 
 def sweep(
@@ -156,34 +146,9 @@ def _run(
                 results.append(_one(cell))
                 bar.update(1)
             return results
-        return _run_pool(points, workers, bar)
+        return run_forked(_one, points, workers, lambda: bar.update(1))
     finally:
         _WORK = None
-
-
-def _run_pool(points: list[Cell], workers: int, bar: Counter) -> list[dict[str, Any]]:
-    """The cells on `workers` forked processes. They are started with SIGINT
-    blocked (so a Ctrl-C cannot hit one before it ignores SIGINT) and are
-    terminated on any exception here, KeyboardInterrupt included."""
-    import multiprocessing as mp
-
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        pool = mp.get_context("fork").Pool(workers, initializer=_init_worker)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    results = []
-    try:
-        for r in pool.imap_unordered(_one, points):
-            results.append(r)
-            bar.update(1)
-        pool.close()
-    except BaseException:
-        pool.terminate()
-        raise
-    finally:
-        pool.join()
-    return results
 
 
 def table(data: dict[str, Any]) -> str:
