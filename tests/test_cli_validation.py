@@ -110,6 +110,7 @@ def test_replay_numbers(
             ["--sequential", "--page-size", "16", "--policy", "sglang-extra-buffer"],
             "--page-size 16 needs the split pools: sequential",
         ),
+        (["--instances", "2", "--plot", "r.png"], "--plot has no effect with --instances"),
     ],
 )
 def test_replay_choices_and_paths(
