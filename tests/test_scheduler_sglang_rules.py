@@ -312,3 +312,42 @@ def test_a_decoding_request_aborted_under_default_rules_stops_at_once() -> None:
     sched.abort(seq)
     assert (seq.status, sched.busy, states(mgr)) == ("aborted", False, 1)
     assert has_state(mgr, prompt)
+
+
+# --------------------------------------------------------------------------- retraction
+
+
+def test_a_retracted_request_finished_by_its_prefill_gets_no_prompt_end_checkpoint() -> None:
+    # 10-token prompt, 3 tokens wanted. Step 1 prefills (token 1, prompt-end checkpoint at 10),
+    # step 2 decodes token 2. Retracted then (SGLang's retract_decode keeps the outputs), it
+    # prefills input + outputs again (12 tokens) and that prefill makes token 3, its last:
+    # SGLang's process_batch_result_prefill finishes it there (cache_finished_req at
+    # 10 + 3 - 1 = 12), with no second prompt-end checkpoint and no further decode step.
+    policy = Recording()
+    sched = scheduler(manager("sglang", kv=500, slots=12), chunk=None, running=2, policy=policy)
+    seq = Sequence(tokens(100, 10), 3, script=array("q", [1, 2, 3]))
+    sched.submit(seq)
+    sched.step()
+    sched.step()
+    sched._requeue(seq)  # what _retract does to the sequence it picks
+    sched.step()
+    assert (seq.status, list(seq.outputs), sched.busy) == ("finished", [1, 2, 3], False)
+    assert policy.taken == [(PROMPT_END, 10), (FINISH, 12)]
+
+
+def test_after_a_retraction_every_decode_step_makes_a_token() -> None:
+    # Same prompt, 5 tokens: prefill (1), decode (2), retracted, prefill again (3); then two
+    # decode steps make tokens 4 and 5 (none is skipped as if the sequence were ahead of its
+    # steps): 5 forwards in all after the retraction's 2.
+    sched = scheduler(manager("sglang", kv=500, slots=12), chunk=None, running=2)
+    seq = Sequence(tokens(100, 10), 5, script=array("q", [1, 2, 3, 4, 5]))
+    sched.submit(seq)
+    sched.step()
+    sched.step()
+    sched._requeue(seq)
+    made = []
+    while sched.busy:
+        sched.step()
+        made.append(len(seq.outputs))
+    assert made == [3, 4, 5]
+    assert seq.status == "finished"

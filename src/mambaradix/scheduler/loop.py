@@ -282,6 +282,11 @@ class Scheduler:
         seq.cached_tokens, seq.prompt_tokens = req.cached_len, seq.admitted_len
         seq.kv_hit_tokens = req.kv_hit_len
         req.output_ids.append(token)
+        if len(req.output_ids) > 1:
+            # A prefill after a retraction makes the token a decode step would
+            # have made: count it as that step, so the sequence ends (and its
+            # next token is due) exactly as it would have without the retraction.
+            seq.steps_done += 1
         if seq.first_token_time is None:
             seq.first_token_time = self.clock()
         if seq.done:
