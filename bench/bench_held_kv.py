@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from drivers import REPO, replay_ours, warm_allocator  # noqa: E402
-from workload import WorkloadConfig, generate  # noqa: E402
+from workload import OP_NAMES, WorkloadConfig, generate  # noqa: E402
 
 MODES = {"compat": "sglang", "default": None}
 TREES = ("base", "nocheck", "head")
@@ -86,8 +86,42 @@ def without_check(cls: Any) -> Any:
     return NoCheck
 
 
+def per_op_median(runs: list[Any], n: int) -> list[int]:
+    """Each op's median time over repeats (-1 where the op did nothing)."""
+    return [int(statistics.median(r.times[i] for r in runs)) for i in range(n)]
+
+
 def timed_ms(r: Any) -> float:
     return sum(t for t in r.times if t >= 0) / 1e6
+
+
+def report(w: Any, runs: dict[tuple[str, str], list[Any]]) -> None:
+    kinds = [OP_NAMES[op[0]] for op in w.ops]
+    print("\nms: sum over ops of each op's median over repeats; ratios of those sums")
+    for m in MODES:
+        med = {t: per_op_median(runs[t, m], len(w.ops)) for t in TREES}
+        for kind in ("insert", "evict", "all"):
+            tot = {
+                t: sum(
+                    x for x, k in zip(med[t], kinds, strict=True) if x >= 0 and kind in (k, "all")
+                )
+                for t in TREES
+            }
+            print(
+                f"{m:>8} {kind:>6}: "
+                + ", ".join(f"{t} {tot[t] / 1e6:.1f}" for t in TREES)
+                + f"; head/base {tot['head'] / tot['base']:.3f}"
+                + f", head/nocheck {tot['head'] / tot['nocheck']:.3f}"
+            )
+        for ref in ("base", "nocheck"):
+            rs = [
+                timed_ms(h) / timed_ms(b)
+                for h, b in zip(runs["head", m], runs[ref, m], strict=True)
+            ]
+            print(
+                f"{'':>17}head/{ref} of each repeat's totals: median {statistics.median(rs):.3f}"
+                f" (range {min(rs):.3f}-{max(rs):.3f})"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,22 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [(t, m) for m in MODES for t in TREES]
     for t, m in pairs:  # warm-up
         replay_ours(w, MODES[m], limit=3000, cache_cls=classes[t])
-    ms: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
+    runs: dict[tuple[str, str], list[Any]] = {p: [] for p in pairs}
     for rep in range(args.repeats):
         for t, m in pairs[rep % len(pairs) :] + pairs[: rep % len(pairs)]:
             gc.collect()
-            r = replay_ours(w, MODES[m], cache_cls=classes[t])
-            ms[t, m].append(timed_ms(r))
-        print(f"repeat {rep + 1}: " + " ".join(f"{t}/{m}={ms[t, m][-1]:.0f}" for t, m in pairs))
-    print("\ntimed ms, median (min-max) over repeats; ratio per repeat, median (min-max)")
-    for m in MODES:
-        cells = [f"{t} {statistics.median(ms[t, m]):.0f} ({min(ms[t, m]):.0f}-"
-                 f"{max(ms[t, m]):.0f})" for t in TREES]
-        print(f"{m:>8}: " + ", ".join(cells))
-        for ref in ("base", "nocheck"):
-            rs = [h / b for h, b in zip(ms["head", m], ms[ref, m], strict=True)]
-            print(f"{'':>10}head / {ref}: {statistics.median(rs):.3f} "
-                  f"({min(rs):.3f}-{max(rs):.3f})")
+            runs[t, m].append(replay_ours(w, MODES[m], cache_cls=classes[t]))
+        print(
+            f"repeat {rep + 1}: "
+            + " ".join(f"{t}/{m}={timed_ms(runs[t, m][-1]):.0f}" for t, m in pairs)
+        )
+    report(w, runs)
     return 0
 
 
