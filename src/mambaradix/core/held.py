@@ -140,7 +140,7 @@ class HeldKV:
 
     def claim(self, values: array[int], start: int, keep: int) -> bool | None:
         """Hold values[keep:] (start <= keep <= len), provided no index of
-        values[start:] is held and none appears twice there; otherwise change
+        values[start:] is held, negative, or there twice; otherwise change
         nothing and return None. Returns True when values[keep:] is one run of
         consecutive indices (then `release(..., run=True)` may be used for it)."""
         n = len(values) - start
@@ -227,10 +227,12 @@ class HeldKV:
             a += hi - lo
 
     def _mark_loose(self, values: array[int], i: int, j: int) -> int:
-        """Hold values[i:j] one by one; stop at the first one already held and
-        return its position (j when none was)."""
+        """Hold values[i:j] one by one; stop at the first one already held or
+        negative and return its position (j when there is none)."""
         for k in range(i, j):
             v = values[k]
+            if v < 0:  # not a pool slot (a run never starts below 0: see `is_run`)
+                return k
             page = self._page(v >> PAGE_BITS)
             if page[v & PAGE_MASK]:  # (a page just taken is all zero: never here)
                 return k
@@ -242,7 +244,8 @@ class HeldKV:
 
     def release(self, values: array[int], run: bool) -> None:
         """Stop holding every index of `values` (all held). `run` may be True only
-        when `values` is one run of consecutive indices (as `claim` reported)."""
+        when `values` is one run of consecutive indices (as `claim` reported), at
+        least one index long."""
         n = len(values)
         if not run:
             self._release_pieces(values, list(segments(values, 0, n)))

@@ -294,8 +294,8 @@ class MambaRadixCache:
         keeps `state`; otherwise the tree owns it.
 
         Raises ValueError, changing nothing, when an index from prev_prefix_len
-        on (or from the end of the cached prefix, if that comes first) is one
-        the tree already holds, or when one appears twice there.
+        on (or from the end of the cached prefix, if that comes first) is
+        negative, one the tree already holds, or one that appears twice there.
         """
         tokens = as_int_array(key, "key")
         values = as_int_array(kv_indices, "kv_indices")
@@ -387,11 +387,13 @@ class MambaRadixCache:
         return InsertResult(off, True, freed)
 
     def _kv_conflict(self, values: array[int], start: int, off: int, prev: int) -> str:
-        """The message for the first position from `start` on whose index the
-        tree holds or an earlier position from `start` repeats."""
+        """The message for the first position from `start` on whose index is
+        negative, held by the tree, or repeats an earlier one from `start`."""
         first_at: dict[int, int] = {}
         for i in range(start, len(values)):
             v = values[i]
+            if v < 0:
+                return f"kv_indices[{i}] = {v} is negative: KV indices are pool slots >= 0"
             if v in self._held_kv:
                 if i >= prev:
                     return (
