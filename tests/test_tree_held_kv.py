@@ -55,6 +55,7 @@ def test_is_run_hand_cases() -> None:
         assert not is_run(q([a, a + 1, a + 2 + 2**16, a + 3]), 0, 4, a)
     assert not is_run(q([-2, -1, 0, 1]), 0, 4, -2)  # negative starts are never runs
     assert is_run(q([2**63 - 2, 2**63 - 1]), 0, 2, 2**63 - 2)  # int64's last two
+    assert not is_run(q([2**63 - 2, 2**63 - 1, -(2**63)]), 0, 3, 2**63 - 2)  # no wrap-around
     big = q(range(10, 10 + 3 * PAGE))
     assert is_run(big, 0, len(big), 10)
     big[2 * PAGE + 1] += 1
@@ -92,6 +93,10 @@ def test_claim_release_hand_cases() -> None:
     for bad in ([2**61, -7], [-1], list(range(-3, 100)), [*range(1000, 1100), -2]):
         assert h.claim(q(bad), 0, 0) is None  # negative indices are refused
     assert h.indices() == set(range(a, a + 5)) | {3, 11, 2**62}
+    assert h.claim(q(range(PAGE, PAGE + 3)), 0, 0) is True  # a run at a page's first slot
+    assert h.claim(q(range(PAGE, PAGE + 9)), 0, 0) is None  # held at the run's first slot
+    assert h.claim(q(range(PAGE - 4, PAGE + 1)), 0, 0) is None  # ... and at its last
+    h.release(q(range(PAGE, PAGE + 3)), True)
     h.release(q(range(a, a + 2)), True)  # pieces of a run, as after a split
     h.release(q(range(a + 2, a + 5)), True)
     h.release(q([3]), True)
