@@ -93,10 +93,11 @@ def test_claim_release_hand_cases() -> None:
     for bad in ([2**61, -7], [-1], list(range(-3, 100)), [*range(1000, 1100), -2]):
         assert h.claim(q(bad), 0, 0) is None  # negative indices are refused
     assert h.indices() == set(range(a, a + 5)) | {3, 11, 2**62}
-    assert h.claim(q(range(PAGE, PAGE + 3)), 0, 0) is True  # a run at a page's first slot
-    assert h.claim(q(range(PAGE, PAGE + 9)), 0, 0) is None  # held at the run's first slot
-    assert h.claim(q(range(PAGE - 4, PAGE + 1)), 0, 0) is None  # ... and at its last
-    h.release(q(range(PAGE, PAGE + 3)), True)
+    b = 2 * PAGE  # a run at a page's first slot
+    assert h.claim(q(range(b, b + 3)), 0, 0) is True
+    assert h.claim(q(range(b, b + 9)), 0, 0) is None  # held at the run's first slot
+    assert h.claim(q(range(b - 4, b + 1)), 0, 0) is None  # ... and at its last
+    h.release(q(range(b, b + 3)), True)
     h.release(q(range(a, a + 2)), True)  # pieces of a run, as after a split
     h.release(q(range(a + 2, a + 5)), True)
     h.release(q([3]), True)
