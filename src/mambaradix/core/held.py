@@ -1,7 +1,7 @@
 """`HeldKV`: the KV indices a tree holds, checked and updated at memory-copy speed.
 
-`insert` refuses a KV index the tree already holds, or one repeated in the part of the
-key it checks, at O(1) amortised cost per index. A Python set costs a hashed object
+`insert` refuses a KV index the tree already holds, a negative one, or one repeated in the
+part of the key it checks, at O(1) amortised cost per index. A Python set costs a hashed object
 per index (about 60 ns to add and 40 to remove, and a cache miss each), far above the
 rest of the tree, which copies and compares whole arrays. Allocators hand out runs of
 consecutive indices, so a run gets a few C calls and anything else an O(1) step per
