@@ -208,10 +208,13 @@ def replay_ours(
     page_size: int = 1,
     chunk_size: int = 64,
     limit: int | None = None,
+    cache_cls: Any = None,
 ) -> Replay:
-    from mambaradix import MambaRadixCache
+    """`cache_cls`: the tree class to replay (default: mambaradix.MambaRadixCache)."""
+    if cache_cls is None:
+        from mambaradix import MambaRadixCache as cache_cls
 
-    cache = MambaRadixCache(page_size=page_size, chunk_size=chunk_size, compat=compat)
+    cache = cache_cls(page_size=page_size, chunk_size=chunk_size, compat=compat)
     match_prefix, insert, evict = cache.match_prefix, cache.insert, cache.evict
     inc_lock_ref, dec_lock_ref = cache.inc_lock_ref, cache.dec_lock_ref
     kv_budget, st_budget = w.config.kv_budget, w.config.state_budget

@@ -237,6 +237,21 @@ def test_insert_rejects_repeated_kv_index(tree: Populated, where: str) -> None:
     assert_rejected(cache, call, ValueError, want)
 
 
+@pytest.mark.parametrize("where", ["first", "inside-a-run", "last"])
+def test_insert_rejects_negative_kv_index(tree: Populated, where: str) -> None:
+    """KV indices are pool slots (>= 0); a negative one from prev_prefix_len on is
+    refused wherever it sits in the new part."""
+    cache, cached = tree.cache, tree.other_key
+    key = cached + [7] * 2 * tree.page
+    prev = len(cached)
+    kv = own_kv(cache, cached) + fresh_kv(len(key) - prev)
+    at = {"first": prev, "inside-a-run": prev + 1, "last": len(key) - 1}[where]
+    kv[at] = -3
+    want = rf"^kv_indices\[{at}\] = -3 is negative"
+    call = lambda: cache.insert(key, kv, 77, prev_prefix_len=prev)  # noqa: E731
+    assert_rejected(cache, call, ValueError, want)
+
+
 @pytest.mark.parametrize("compat", [None, "sglang"])
 def test_legal_kv_indices_still_insert(compat: str | None) -> None:
     """The tree's own indices below prev_prefix_len, the caller's own from there on

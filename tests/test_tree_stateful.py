@@ -479,7 +479,7 @@ class TreeMachine(RuleBasedStateMachine):
     @invariant()
     def held_kv_record(self) -> None:
         """What insert checks against: exactly the KV indices the model says are held."""
-        assert self.cache._held_kv == set(self.kv.values())
+        assert self.cache._held_kv.indices() == set(self.kv.values())
 
     @invariant()
     def state_recency(self) -> None:

@@ -34,6 +34,7 @@ from array import array
 from collections.abc import Hashable
 from typing import Any, Protocol
 
+from mambaradix.core.held import HeldKV
 from mambaradix.core.keys import EMPTY, as_int_array, common_prefix_len
 from mambaradix.core.lru import LRUList
 from mambaradix.core.node import Resource, TreeNode
@@ -137,7 +138,8 @@ class MambaRadixCache:
         self._evictable = [0, 0]  # indexed by Resource: KV tokens, states
         self._protected = [0, 0]
         self._held_states: set[int] = set()  # every state slot the tree owns
-        self._held_kv: set[int] = set()  # every KV index the tree owns (a split changes none)
+        self._held_kv = HeldKV()  # every KV index the tree owns (a split changes none)
+        self._kv_loose: set[TreeNode] = set()  # nodes whose value is not one run (see held.py)
 
     def reset(self) -> EvictResult:
         """Empty the tree and return everything it owned (the caller frees it) in
@@ -298,8 +300,8 @@ class MambaRadixCache:
         keeps `state`; otherwise the tree owns it.
 
         Raises ValueError, changing nothing, when an index from prev_prefix_len
-        on (or from the end of the cached prefix, if that comes first) is one
-        the tree already holds, or when one appears twice there.
+        on (or from the end of the cached prefix, if that comes first) is
+        negative, one the tree already holds, or one that appears twice there.
         """
         tokens = as_int_array(key, "key")
         values = as_int_array(kv_indices, "kv_indices")
@@ -365,13 +367,17 @@ class MambaRadixCache:
             if off >= n:
                 break
             ck = tokens[off] if page == 1 else tuple(tokens[off : off + page])
-        self._claim_kv(values, min(prev, off), off, prev)
+        kv_run = self._held_kv.claim(values, min(prev, off), off)  # see HeldKV.claim
+        if kv_run is None:
+            raise ValueError(self._kv_conflict(values, min(prev, off), off, prev))
         self._touch_walked(walked)
         if split_at:
             node = self._split(walked[-1], split_at)
         kv_lru, st_lru = self.lru
         if off < n:
-            self._add_leaf(node, tokens, values, off, state, extra_key)
+            leaf = self._add_leaf(node, tokens, values, off, state, extra_key)
+            if not kv_run:
+                self._kv_loose.add(leaf)
             return InsertResult(off, False, freed)
         kv_lru.move_mru(node.kv)
         if node.state is None:  # a tombstone at the key's end: revive it
@@ -386,29 +392,14 @@ class MambaRadixCache:
             st_lru.move_mru(node.st)
         return InsertResult(off, True, freed)
 
-    def _claim_kv(self, values: array[int], start: int, off: int, prev: int) -> None:
-        """Record values[off:] (what the tree takes) as held, after checking
-        that values[start:] repeats no index and holds none the tree holds;
-        otherwise raise ValueError with everything as it was. One set update
-        does both checks: it grows by len(values[start:]) exactly when they pass."""
-        held = self._held_kv
-        new = values[start:]
-        before = len(held)
-        held.update(new)
-        if len(held) - before != len(new):
-            # Undo by recount (error path only): the set is the union of node values (I9).
-            held.clear()
-            held.update(self.all_kv_indices())
-            raise ValueError(self._kv_conflict(values, start, off, prev))
-        if start < off:
-            held.difference_update(values[start:off])  # the caller's duplicates: handed back
-
     def _kv_conflict(self, values: array[int], start: int, off: int, prev: int) -> str:
-        """The message for the first position from `start` on whose index the
-        tree holds or an earlier position from `start` repeats."""
+        """The message for the first position from `start` on whose index is
+        negative, held by the tree, or repeats an earlier one from `start`."""
         first_at: dict[int, int] = {}
         for i in range(start, len(values)):
             v = values[i]
+            if v < 0:
+                return f"kv_indices[{i}] = {v} is negative: KV indices are pool slots >= 0"
             if v in self._held_kv:
                 if i >= prev:
                     return (
@@ -440,7 +431,7 @@ class MambaRadixCache:
         off: int,
         state: int,
         extra_key: Any,
-    ) -> None:
+    ) -> TreeNode:
         ns = extra_key if parent is self.root else parent.namespace
         leaf = TreeNode(parent, tokens[off:], values[off:], state, ns)
         parent.children[self._child_key(parent, tokens, off, extra_key)] = leaf
@@ -452,6 +443,7 @@ class MambaRadixCache:
         for listener in self._listeners:
             listener.node_added(leaf)
             listener.state_added(leaf)
+        return leaf
 
     def _split(self, child: TreeNode, at: int) -> TreeNode:
         """Cut child's edge at `at` (0 < at < len): a new stateless node takes
@@ -462,6 +454,8 @@ class MambaRadixCache:
         assert parent is not None
         mid = TreeNode(parent, child.key[:at], child.value[:at], None, child.namespace)
         mid.kv.lock = child.kv.lock
+        if child in self._kv_loose:
+            self._kv_loose.add(mid)
         slot = self._child_key(parent, child.key, 0, child.namespace)
         child.key, child.value = child.key[at:], child.value[at:]
         child.parent = mid
@@ -610,7 +604,11 @@ class MambaRadixCache:
         if parent.children.pop(ck, None) is not node:
             raise AssertionError(f"{node!r} is not registered under its own key")
         freed_kv += node.value
-        self._held_kv.difference_update(node.value)
+        if node in self._kv_loose:
+            self._kv_loose.discard(node)
+            self._held_kv.release(node.value, False)
+        else:
+            self._held_kv.release(node.value, True)  # one run of indices
         self.lru[KV].remove(node.kv)
         self._evictable[KV] -= len(node.value)
         node.parent = None  # marks the node as deleted (stale handles are rejected)

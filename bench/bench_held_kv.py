@@ -1,0 +1,160 @@
+"""Cost of `insert`'s KV ownership check (issue 7): the tree before it vs this checkout.
+
+    .venv/bin/python bench/bench_held_kv.py [--base 6b439c9 --repeats 7 --ops 40000 --seed 0]
+
+Replays `bench_vs_sglang.py`'s serving-like op sequence (same generator, same defaults),
+in one process, through three trees, in both modes (compat="sglang" and the default):
+
+* base:    the tree at commit `--base` (before any KV ownership check), exported from git
+           into a scratch directory and imported under its own module objects;
+* nocheck: this checkout's tree with its record of held KV indices replaced by one that
+           accepts everything and records nothing (the check's own cost, nothing else);
+* head:    this checkout's tree as shipped.
+
+Each repeat replays all six (tree, mode) pairs in rotating order on fresh caches. The score
+of a replay is its timed total (the sum over ops of the cache call alone, as in
+`bench_vs_sglang.py`); ratios are taken per repeat (head / base and head / nocheck of the
+same repeat), and their median and range are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from array import array
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from drivers import REPO, replay_ours, warm_allocator  # noqa: E402
+from workload import OP_NAMES, WorkloadConfig, generate  # noqa: E402
+
+MODES = {"compat": "sglang", "default": None}
+TREES = ("base", "nocheck", "head")
+
+
+def load_tree(src: Path) -> Any:
+    """Import `src`/mambaradix and return its MambaRadixCache; forget the modules after, so
+    the next import loads another copy (the class keeps its own module globals)."""
+    for name in [m for m in sys.modules if m == "mambaradix" or m.startswith("mambaradix.")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(src))
+    try:
+        import mambaradix
+
+        return mambaradix.MambaRadixCache
+    finally:
+        sys.path.remove(str(src))
+        for name in [m for m in sys.modules if m == "mambaradix" or m.startswith("mambaradix.")]:
+            del sys.modules[name]
+
+
+def export_src(rev: str, into: Path) -> Path:
+    tar = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", rev, "src"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        t.extractall(into, filter="data")
+    return into / "src"
+
+
+class AcceptAll:
+    """Stands in for `HeldKV`: every claim succeeds as one run, nothing is recorded."""
+
+    def claim(self, values: array[int], start: int, keep: int) -> bool:
+        return True
+
+    def release(self, values: array[int], run: bool) -> None:
+        pass
+
+
+def without_check(cls: Any) -> Any:
+    class NoCheck(cls):  # type: ignore[misc, valid-type]
+        def _init_tree(self) -> None:
+            super()._init_tree()
+            self._held_kv = AcceptAll()
+
+    return NoCheck
+
+
+def per_op_median(runs: list[Any], n: int) -> list[int]:
+    """Each op's median time over repeats (-1 where the op did nothing)."""
+    return [int(statistics.median(r.times[i] for r in runs)) for i in range(n)]
+
+
+def timed_ms(r: Any) -> float:
+    return sum(t for t in r.times if t >= 0) / 1e6
+
+
+def report(w: Any, runs: dict[tuple[str, str], list[Any]]) -> None:
+    kinds = [OP_NAMES[op[0]] for op in w.ops]
+    print("\nms: sum over ops of each op's median over repeats; ratios of those sums")
+    for m in MODES:
+        med = {t: per_op_median(runs[t, m], len(w.ops)) for t in TREES}
+        for kind in ("insert", "evict", "all"):
+            tot = {
+                t: sum(
+                    x for x, k in zip(med[t], kinds, strict=True) if x >= 0 and kind in (k, "all")
+                )
+                for t in TREES
+            }
+            print(
+                f"{m:>8} {kind:>6}: "
+                + ", ".join(f"{t} {tot[t] / 1e6:.1f}" for t in TREES)
+                + f"; head/base {tot['head'] / tot['base']:.3f}"
+                + f", head/nocheck {tot['head'] / tot['nocheck']:.3f}"
+            )
+        for ref in ("base", "nocheck"):
+            rs = [
+                timed_ms(h) / timed_ms(b)
+                for h, b in zip(runs["head", m], runs[ref, m], strict=True)
+            ]
+            print(
+                f"{'':>17}head/{ref} of each repeat's totals: median {statistics.median(rs):.3f}"
+                f" (range {min(rs):.3f}-{max(rs):.3f})"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--base", default="6b439c9", help="git revision without the check")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--ops", type=int, default=40_000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    warm_allocator()
+    with tempfile.TemporaryDirectory() as tmp:
+        classes = {"base": load_tree(export_src(args.base, Path(tmp)))}
+    head = load_tree(REPO / "src")
+    classes.update(nocheck=without_check(head), head=head)
+    w = generate(WorkloadConfig(seed=args.seed, n_ops=args.ops))
+    print(f"workload: {w.describe()}; base={args.base}; repeats={args.repeats}")
+    pairs = [(t, m) for m in MODES for t in TREES]
+    for t, m in pairs:  # warm-up
+        replay_ours(w, MODES[m], limit=3000, cache_cls=classes[t])
+    runs: dict[tuple[str, str], list[Any]] = {p: [] for p in pairs}
+    for rep in range(args.repeats):
+        for t, m in pairs[rep % len(pairs) :] + pairs[: rep % len(pairs)]:
+            gc.collect()
+            runs[t, m].append(replay_ours(w, MODES[m], cache_cls=classes[t]))
+        print(
+            f"repeat {rep + 1}: "
+            + " ".join(f"{t}/{m}={timed_ms(runs[t, m][-1]):.0f}" for t, m in pairs)
+        )
+    report(w, runs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
