@@ -8,18 +8,42 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.policies import Marconi, make_policy
+from mambaradix.replay.policies import ORACLE, Marconi, make_policy
+from mambaradix.replay.policies.constants import MARCONI_TUNING_WINDOW, ORACLE_ALPHAS
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace
 
-TUNING_WINDOW = 1000  # requests replayed per alpha when Marconi tunes
+FIXED_ALPHA = "marconi@"
+"""`marconi@0.5`: Marconi with alpha fixed at 0.5 (no tuning): one run of the oracle."""
+
+
+def oracle_runs() -> list[str]:
+    """The runs `marconi-oracle` is made of: Marconi at each alpha of its grid."""
+    return [f"{FIXED_ALPHA}{a:g}" for a in ORACLE_ALPHAS]
+
+
+def oracle_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`marconi-oracle` from its runs: the one with the highest token hit rate
+    (the first in grid order among equals), with every alpha's hit rate."""
+    best = max(runs, key=lambda r: r["token_hit_rate"])
+    out = dict(best)
+    out["policy"] = ORACLE
+    out["oracle_grid"] = {str(r["alpha"]): r["token_hit_rate"] for r in runs}
+    out["replay_s"] = sum(r["replay_s"] for r in runs)
+    return out
 
 
 def replay(
     trace: Trace, profile: ModelProfile, policy_name: str, cfg: ServingConfig
 ) -> dict[str, Any]:
-    """Run the serving model and return the metrics of one (policy, memory) point."""
-    policy = make_policy(policy_name)
+    """Run the serving model and return the metrics of one (policy, memory)
+    point. `marconi-oracle` runs Marconi once per alpha of its grid."""
+    if policy_name == ORACLE:
+        return oracle_result([replay(trace, profile, name, cfg) for name in oracle_runs()])
+    if policy_name.startswith(FIXED_ALPHA):
+        policy = make_policy("marconi", alpha=float(policy_name[len(FIXED_ALPHA) :]))
+    else:
+        policy = make_policy(policy_name)
     model = ServingModel(trace, profile, policy, cfg)
     if isinstance(policy, Marconi):
         policy.tuner = lambda alpha: _window_flops(model, profile, cfg, alpha)
@@ -39,7 +63,7 @@ def _window_flops(
 ) -> float:
     """Marconi's tuner: replay the recent requests with a fixed alpha (sequentially,
     from an empty cache of the same size) and report the FLOPs saved."""
-    window = model.admitted[-TUNING_WINDOW:]
+    window = model.admitted[-MARCONI_TUNING_WINDOW:]
     sub = Trace(model.trace.name, list(window), model.trace.unit_tokens)
     s = ServingModel(sub, profile, Marconi(alpha=alpha), replace(cfg, sequential=True))
     s.run()

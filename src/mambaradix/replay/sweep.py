@@ -10,7 +10,8 @@ from typing import Any
 
 from mambaradix.replay.bound import bound_token_hit_rate
 from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.run import replay
+from mambaradix.replay.policies import ORACLE
+from mambaradix.replay.run import FIXED_ALPHA, oracle_result, oracle_runs, replay
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace
 
@@ -43,23 +44,8 @@ def sweep(
         for m in memories
         for p in policies
     ]
-    workers = workers or min(len(points), os.cpu_count() or 1)
-    results: list[dict[str, Any]] = []
-    bar = _bar(len(points), progress)
-    if workers <= 1:
-        for p, cfg in points:
-            results.append(_one(p, cfg))
-            bar.update(1)
-    else:
-        import multiprocessing as mp
-
-        ctx = mp.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            futures = [pool.submit(_one, p, cfg) for p, cfg in points]
-            for f in as_completed(futures):
-                results.append(f.result())
-                bar.update(1)
-    bar.close()
+    jobs = [(run, cfg) for p, cfg in points for run in (oracle_runs() if p == ORACLE else [p])]
+    results = _combine_oracle(run_jobs(jobs, workers, _bar(len(jobs), progress)))
     order = {(p, c.memory_gb, c.state_fraction): i for i, (p, c) in enumerate(points)}
     for r in results:
         r["state_fraction"] = r["config"]["state_fraction"]
@@ -83,6 +69,39 @@ def sweep(
         "bound": {"token_hit_rate": bound},
         "results": results,
     }
+
+
+def run_jobs(jobs: list[tuple[str, ServingConfig]], workers: int | None, bar: Any) -> list[Any]:
+    """Every (policy run, config) job of the trace and model in `_WORK`, in
+    parallel processes (forked: they inherit the trace)."""
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    results: list[dict[str, Any]] = []
+    if workers <= 1:
+        for p, cfg in jobs:
+            results.append(_one(p, cfg))
+            bar.update(1)
+    else:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            futures = [pool.submit(_one, p, cfg) for p, cfg in jobs]
+            for f in as_completed(futures):
+                results.append(f.result())
+                bar.update(1)
+    bar.close()
+    return results
+
+
+def _combine_oracle(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fold the fixed-alpha runs of each point into one `marconi-oracle` result."""
+    out = [r for r in results if not r["policy"].startswith(FIXED_ALPHA)]
+    groups: dict[tuple[float, float], list[dict[str, Any]]] = {}
+    for r in results:
+        if r["policy"].startswith(FIXED_ALPHA):
+            key = (r["memory_gb"], r["config"]["state_fraction"])
+            groups.setdefault(key, []).append(r)
+    return out + [oracle_result(runs) for runs in groups.values()]
 
 
 class _NoBar:
