@@ -34,12 +34,19 @@ def oracle_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def replay(
-    trace: Trace, profile: ModelProfile, policy_name: str, cfg: ServingConfig
+    trace: Trace,
+    profile: ModelProfile,
+    policy_name: str,
+    cfg: ServingConfig,
+    per_request: bool = False,
 ) -> dict[str, Any]:
     """Run the serving model and return the metrics of one (policy, memory)
-    point. `marconi-oracle` runs Marconi once per alpha of its grid."""
+    point. `marconi-oracle` runs Marconi once per alpha of its grid. With
+    `per_request`, also `request_hits`: each request's hit tokens, in trace
+    order (0 for a dropped request)."""
     if policy_name == ORACLE:
-        return oracle_result([replay(trace, profile, name, cfg) for name in oracle_runs()])
+        runs = [replay(trace, profile, name, cfg, per_request) for name in oracle_runs()]
+        return oracle_result(runs)
     if policy_name.startswith(FIXED_ALPHA):
         policy = make_policy("marconi", alpha=float(policy_name[len(FIXED_ALPHA) :]))
     else:
@@ -55,6 +62,11 @@ def replay(
     out["requests_per_s"] = len(trace) / elapsed if elapsed else 0.0
     if isinstance(policy, Marconi):
         out["alpha"] = policy.alpha
+    if per_request:
+        hits = [0] * len(trace)
+        for o in model.outcomes:
+            hits[o.request] = o.hit_tokens
+        out["request_hits"] = hits
     return out
 
 

@@ -28,3 +28,19 @@ once per eviction)."""
 
 ORACLE_ALPHAS: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 """`marconi-oracle`: each alpha a full run, the best token hit rate kept."""
+
+# ------------------------------------------------------------------ mambaradix
+# Ours. Tuned only on `bench/evaluate.py --material tuning` (synthetic seeds
+# 100-104, chitchat conversations 300-599); each has an ablation row.
+
+DENSITY_PRIOR = 1.0
+"""Segments' worth of the pooled (all classes) age profile added to each
+class's own, so a class with little data starts from the average
+(ablation `mambaradix/without-prior`)."""
+
+RANK_SAMPLE = 64
+"""Eviction ranks every evictable state when there are at most this many, else
+a seeded random sample of this many (LHD's sample size)."""
+
+RANK_SEED = 0
+"""Seed of that sample (runs are reproducible)."""

@@ -1,131 +1,225 @@
-"""Ours (placeholder port of the previous rules; replaced below)."""
+"""Ours: one value model, for admission and for eviction.
+
+Every state the tree holds is an item. Its value is the prefill FLOPs it can
+be expected to save per byte it holds, per request served:
+
+    value(i) = density(class_i, age_i) * saved_i / bytes_i
+
+* `saved_i`: the FLOPs a hit on i saves over the nearest state above it
+  (what is lost if i goes);
+* `bytes_i`: what evicting i frees in the memory that is short: a state slot;
+  when KV is short, the KV only i keeps (a leaf's edge and the tombstones
+  that go with it); with one shared budget, both, in bytes;
+* `density(c, a)`: hits an item of class c at age a can still expect per
+  request, learned as the trace runs (`density.HitDensity`). The class says
+  where the state was taken (branch point, prompt end, chunk end, finished
+  sequence), whether a state lies below it (`covered`) and whether it was
+  hit before (`reused`); the age counts admitted requests since it was
+  cached, hit, or changed class. How fast value decays with age is learned
+  per class, so the recency / efficiency trade-off needs no weight.
+
+Eviction: lowest value first. Admission: every candidate (the branch point,
+input - 1, chunk ends, the finished sequence) is cached while that costs no
+eviction; otherwise only if its value at age 0 exceeds the lowest value held
+(the state it would displace). A finished sequence needs no new slot (it
+keeps its running state) and is always cached: it competes in the next
+eviction like any other item.
+
+Every constant is in `constants`, each with an ablation (`ABLATIONS`).
+"""
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass
 from typing import Any
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import Request
-from mambaradix.replay.policies.base import NodeTable, Policy, PolicyContext, evict_in_order
-from mambaradix.scheduler import FINISH, STOP
+from mambaradix.replay.policies import constants as C
+from mambaradix.replay.policies.base import Policy, PolicyContext
+from mambaradix.replay.policies.density import HitDensity
+from mambaradix.replay.policies.items import Items
+from mambaradix.scheduler import CHUNK, FINISH, STOP
 
-ABLATIONS: dict[str, dict[str, Any]] = {}
+BRANCH, PROMPT, CHUNK_END, FINISHED = "branch", "prompt", "chunk", "finish"
+
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "mambaradix/without-prior": {"prior": 0.0},
+    "mambaradix/without-classes": {"classes": False},
+    "mambaradix/without-age": {"ages": False},
+    "mambaradix/without-size": {"sizes": False},
+    "mambaradix/without-admission": {"admission": False},
+}
+"""Each ablation row of the evaluation: our policy without one constant or rule."""
+
+
+@dataclass
+class Settings:
+    prior: float = C.DENSITY_PRIOR
+    classes: bool = True  # class = (kind, covered, reused); else one class
+    ages: bool = True  # density by age; else per class only
+    sizes: bool = True  # per byte; else per item
+    admission: bool = True  # compare with the state displaced; else cache always
 
 
 class MambaRadix(Policy):
-    name = "mambaradix"
-    kinds = ("branch", "prompt", "finish")
-    warmup, min_useful, relative, explore_every = 16, 0.02, 0.5, 32
+    """Ours (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self.inflation = 0.0
-        self.stats = {k: [0, 0] for k in self.kinds}
-        self.skipped = dict.fromkeys(self.kinds, 0)
-        self.planned: dict[int, dict[int, str]] = {}
+    name = "mambaradix"
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = Settings(**settings)
+        self.density = HitDensity(self.settings.prior)
+        self.planned: dict[int, dict[int, str]] = {}  # id(req) -> position -> kind
+        self.rng = random.Random(C.RANK_SEED)
 
     def attach(self, ctx: PolicyContext) -> None:
         super().attach(ctx)
-        assert ctx.tree is not None
-        self.meta: NodeTable[list[Any]] = NodeTable(ctx.tree)
+        assert ctx.tree is not None, "our policy keeps per-node data: the context needs the tree"
+        self.tree = ctx.tree
+        self.items = Items(ctx.tree, self._ended, self.settings.classes, self._flops)
 
-    def rate(self, kind: str) -> float:
-        admitted, useful = self.stats[kind]
-        return useful / admitted if admitted else 0.0
-
-    def admits(self, kind: str) -> bool:
-        if kind != "prompt" or self.ctx.free_states() > 1:
-            return True
-        admitted = self.stats["prompt"][0]
-        rule = max(self.min_useful, self.relative * self.rate("finish"))
-        if admitted >= self.warmup and self.rate("prompt") >= rule:
-            return True
-        self.skipped[kind] += 1
-        return self.skipped[kind] % self.explore_every == 0
+    # ------------------------------------------------------------ admission
 
     def stops(self, req: Request) -> list[int]:
         points: dict[int, str] = {}
-        n_in = req.total_len
-        if req.computed < req.kv_hit_len < n_in:
-            points[req.kv_hit_len] = "branch"
-        if n_in - 1 > req.computed and self.admits("prompt"):
-            points.setdefault(n_in - 1, "prompt")
+        n = req.total_len
+        if req.computed < req.kv_hit_len < n:
+            points[req.kv_hit_len] = BRANCH
+        if req.computed < n - 1:
+            points.setdefault(n - 1, PROMPT)
         self.planned[id(req)] = points
         return sorted(points)
 
     def cache_at(self, req: Request, kind: str) -> bool:
-        return kind == STOP
+        if kind == STOP:
+            label = self.planned.get(id(req), {}).get(req.computed, PROMPT)
+        elif kind == CHUNK:
+            label = CHUNK_END
+        else:
+            return False  # the prompt end is taken at input - 1, decoding adds none
+        return self._admit(req, label)
 
     def insert_at_finish(self, req: Request) -> bool:
-        took_prompt = "prompt" in self.planned.get(id(req), {}).values()
-        useless = self.stats["finish"][0] >= self.warmup and self.rate("finish") < self.min_useful
-        return not (useless and took_prompt)
+        self.planned.pop(id(req), None)
+        return True
+
+    def _admit(self, req: Request, label: str) -> bool:
+        """Free slot: yes. Else: if worth more than the state it displaces."""
+        if not self.settings.admission or self.ctx.free_states() >= 1:
+            return True
+        saved = self._flops(req.computed) - self._flops(req.prefix_len)
+        cls = self.items.new_class(label, covered=label == BRANCH)
+        value = self._density(cls, 0) * saved / self._new_bytes()
+        mode = "shared" if self.ctx.shared_memory else "slot"
+        lowest = self._lowest(mode)
+        return lowest is None or value > lowest
+
+    def _new_bytes(self) -> float:
+        return self.ctx.state_bytes if self.ctx.shared_memory and self.settings.sizes else 1.0
 
     def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
+        if node is None:
+            return  # the tree had that state already
         if kind == FINISH:
-            self.planned.pop(id(req), None)
-            label: str | None = "finish"
+            label = FINISHED
+        elif kind == CHUNK:
+            label = CHUNK_END
         else:
-            label = self.planned.get(id(req), {}).get(req.prefix_len)
-        if node is None or label is None or node in self.meta:
-            return
-        self.stats[label][0] += 1
-        self.meta[node] = [self.inflation + self._value(node), 0.0, label]
-        if kind == FINISH:
-            self._demote_prompt_state(node)
+            label = self.planned.get(id(req), {}).get(req.prefix_len, PROMPT)
+        self.items.add(node, label, self.clock)
 
-    def _demote_prompt_state(self, node: TreeNode) -> None:
-        anc = node.parent
-        while anc is not None and anc.parent is not None and anc.state is None:
-            anc = anc.parent
-        meta = self.meta.get(anc) if anc is not None else None
-        if meta is not None and meta[2] == "prompt" and meta[1] == 0:
-            meta[0] = self.inflation
+    # ---------------------------------------------------------------- hits
+
+    @property
+    def clock(self) -> int:
+        return self.items.clock
 
     def on_admitted(self, req: Request) -> None:
+        self.items.clock += 1
+        self.density.tick()
         node = req.node
-        if node is None or node.parent is None or node.state is None:
-            return
-        meta = self._meta(node)
-        if meta[1] == 0 and meta[2] in self.stats:
-            self.stats[meta[2]][1] += 1
-        meta[1] += 1
-        meta[0] = self.inflation + meta[1] * self._value(node)
+        if node is not None and node.parent is not None and node.state is not None:
+            self.items.hit(node, self.clock)
+
+    def _ended(self, cls: object, age: int, hit: bool) -> None:
+        self.density.record(cls, age if self.settings.ages else 0, hit)
+
+    def _density(self, cls: object, age: int) -> float:
+        return self.density.density(cls, age if self.settings.ages else 0)
+
+    # ------------------------------------------------------------ eviction
 
     def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
-        for_kv = kv_units > 0
-        cands = [n for n in tree.evictable_states() if not (for_kv and n.children)]
-        if not cands:
-            return tree.evict(kv_tokens=kv_units, states=states)
-        prio = {id(n): self._priority(n, for_kv) for n in cands}
-        order = sorted(cands, key=lambda n: prio[id(n)])
-        result = evict_in_order(tree, order, kv_units, states)
-        gone = [prio[id(n)] for n in order if n.state is None or n.parent is None]
-        if gone:
-            self.inflation = max(self.inflation, max(gone))
-        return result
-
-    def _meta(self, node: TreeNode) -> list[Any]:
-        meta = self.meta.get(node)
-        if meta is None:
-            meta = [self.inflation + self._value(node), 0.0, None]
-            self.meta[node] = meta
-        return meta
-
-    def _priority(self, node: TreeNode, for_kv: bool) -> float:
-        meta = self._meta(node)
-        if not for_kv:
-            return float(meta[0])
-        base = float(meta[0]) - self.inflation
-        return self.inflation + base / max(1, len(node.key))
-
-    def _value(self, node: TreeNode) -> float:
         ctx = self.ctx
-        end = node.depth_tokens()
-        anc, start = node.parent, end - len(node.key)
-        while anc is not None and anc.parent is not None and anc.state is None:
-            start -= len(anc.key)
-            anc = anc.parent
-        u = ctx.unit_tokens
-        return ctx.profile.prefill_flops(start * u, (end - start) * u)
+        self.items.settle()
+        if ctx.shared_memory:
+            kvb, sb = ctx.kv_unit_bytes, ctx.state_bytes
+            need = kv_units * kvb + states * sb
+            r = self.items.evict(
+                lambda: self._pick("shared"), lambda k, s: k * kvb + s * sb >= need
+            )
+            short_kv, short_states = 0, -(-max(0, need - r.kv_tokens * kvb - r.states * sb) // sb)
+        else:
+            mode = "kv" if kv_units else "slot"
+            r = self.items.evict(
+                lambda: self._pick(mode), lambda k, s: k >= kv_units and s >= states
+            )
+            short_kv, short_states = max(0, kv_units - r.kv_tokens), max(0, states - r.states)
+        if short_kv or short_states:  # nothing of ours left to pick: the tree's LRU
+            more = tree.evict(kv_tokens=short_kv, states=short_states)
+            r = EvictResult(
+                r.kv_tokens + len(more.freed_kv),
+                r.states + len(more.freed_states),
+                r.freed_kv + more.freed_kv,
+                r.freed_states + more.freed_states,
+            )
+        return r
+
+    def _pick(self, mode: str) -> TreeNode | None:
+        """The evictable state of lowest value: over all of them, or over a
+        seeded sample of `RANK_SAMPLE` when there are more (LHD's method)."""
+        pool = self.items.nodes
+        if len(pool) > C.RANK_SAMPLE:
+            picks = self.rng.sample(range(len(pool)), min(len(pool), 2 * C.RANK_SAMPLE))
+            cands = [pool[i] for i in picks if self._evictable(pool[i], mode)][: C.RANK_SAMPLE]
+            if not cands:
+                cands = [n for n in pool if self._evictable(n, mode)]
+        else:
+            cands = [n for n in pool if self._evictable(n, mode)]
+        if not cands:
+            return None
+        return min(cands, key=lambda n: self._value(n, mode))
+
+    def _lowest(self, mode: str) -> float | None:
+        self.items.settle()
+        node = self._pick(mode)
+        return None if node is None else self._value(node, mode)
+
+    @staticmethod
+    def _evictable(node: TreeNode, mode: str) -> bool:
+        if node.state_lock or node.parent is None:
+            return False
+        if node.children:
+            return mode != "kv"
+        return not node.kv_lock
+
+    def _value(self, node: TreeNode, mode: str) -> float:
+        item = self.items.table[node]
+        age = self.clock - item.start
+        saved = self.items.saved(node, item)
+        return self._density(self.items.class_of(item), age) * saved / self._bytes(node, mode)
+
+    def _bytes(self, node: TreeNode, mode: str) -> float:
+        if not self.settings.sizes or mode == "slot":
+            return 1.0
+        kv = self.items.kv_freed(node) if not node.children else 0
+        if mode == "kv":
+            return float(max(1, kv))
+        return float(self.ctx.state_bytes + kv * self.ctx.kv_unit_bytes)
+
+    def _flops(self, units: int) -> float:
+        return self.ctx.profile.prefill_flops(0, units * self.ctx.unit_tokens)
