@@ -78,7 +78,14 @@ def attach(policy: Any, eng: Engine) -> None:
     1-token units, the engine's own pools."""
     mgr = eng.mgr
     ctx = PolicyContext(
-        unit_profile(), 1, 32, 1, mgr.kv.capacity, mgr.slots.capacity, mgr.slots.available_size
+        unit_profile(),
+        1,
+        32,
+        1,
+        mgr.kv.capacity,
+        mgr.slots.capacity,
+        mgr.slots.available_size,
+        tree=mgr.tree,
     )
     policy.attach(ctx)
 

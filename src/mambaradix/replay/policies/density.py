@@ -12,8 +12,10 @@ them by a hit, and answers for an item of class c at age a
 
 the hits it can still expect in this segment per tick it will still hold its
 place. Sparse data is shrunk, by `prior` segments' worth of time, towards the
-class's density over all ages, and that towards optimism (`_target`); with
-no data at all the answer is 1 / (1 + a).
+class's density over all ages (itself shrunk towards optimism, `_target`)
+times m / (m + a), m the mean segment length: where a class has no data at
+an age, its older items are worth less, as recency says. With no data at all
+the answer is 1 / (1 + a).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class HitDensity:
         self.classes: dict[Hashable, _Histogram] = {}
         self.pooled = _Histogram()
         self._overall: dict[Hashable, float] = {}  # class -> density over all ages
+        self._mean = 1.0  # the mean segment length, in ticks
         self._weight = 0.0  # `prior` segments' worth of ticks
 
     def record(self, cls: Hashable, age: int, hit: bool) -> None:
@@ -96,7 +99,8 @@ class HitDensity:
     def tick(self) -> None:
         self._overall.clear()
         h, n, r = self.pooled.suffix()
-        self._weight = self.prior * r[0] / n[0] if n[0] else 0.0
+        self._mean = r[0] / n[0] if n[0] else 1.0
+        self._weight = self.prior * self._mean
 
     def _target(self, cls: Hashable) -> float:
         """The class's density over all ages, shrunk towards optimism: `prior`
@@ -111,11 +115,13 @@ class HitDensity:
         return rate
 
     def density(self, cls: Hashable, age: int) -> float:
-        if not self.pooled.suffix()[1][0]:
+        n = self.pooled.suffix()[1][0]
+        if not n:
             return 1.0 / (1.0 + age)
         hist = self.classes.get(cls)
         h, life = hist.at(age) if hist is not None else (0.0, 0.0)
-        w = self._weight
+        w, mean = self._weight, self._mean
+        prior = self._target(cls) * mean / (mean + age)  # fades with age, as recency
         if life + w <= 0:
-            return self._target(cls)
-        return (h + w * self._target(cls)) / (life + w)
+            return prior
+        return (h + w * prior) / (life + w)

@@ -62,9 +62,11 @@ class Items:
         self.on_end(self.class_of(item), self.clock - item.start, hit)
         item.start = self.clock
 
-    def add(self, node: TreeNode, kind: str, now: int) -> None:
+    def add(self, node: TreeNode, kind: str, now: int, covered: bool) -> None:
+        """A new state; `covered` also when the request that took it goes on
+        past it (its own later states will lie below)."""
         flops = self.flops(node.depth_tokens())
-        self.table[node] = Item(kind, state_below(node), False, now, flops)
+        self.table[node] = Item(kind, covered or state_below(node), False, now, flops)
         self.index[node] = len(self.nodes)
         self.nodes.append(node)
         above = state_above(node)

@@ -52,6 +52,9 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "mambaradix/without-age": {"ages": False},
     "mambaradix/without-size": {"sizes": False},
     "mambaradix/without-admission": {"admission": False},
+    "mambaradix/without-prompt-ends": {"prompt_ends": False},
+    "mambaradix/fp-all": {"free_pass": "all"},
+    "mambaradix/fp-none": {"free_pass": "none"},
 }
 """Each ablation row of the evaluation: our policy without one constant or rule."""
 
@@ -63,6 +66,8 @@ class Settings:
     ages: bool = True  # density by age; else per class only
     sizes: bool = True  # per byte; else per item
     admission: bool = True  # compare with the state displaced; else cache always
+    prompt_ends: bool = True  # checkpoint input - 1; else only branch points, chunk ends, finish
+    free_pass: str = "split"  # admit without comparing while a slot is free: split, all, none
 
 
 class MambaRadix(Policy):
@@ -89,7 +94,7 @@ class MambaRadix(Policy):
         n = req.total_len
         if req.computed < req.kv_hit_len < n:
             points[req.kv_hit_len] = BRANCH
-        if req.computed < n - 1:
+        if req.computed < n - 1 and self.settings.prompt_ends:
             points.setdefault(n - 1, PROMPT)
         self.planned[id(req)] = points
         return sorted(points)
@@ -109,10 +114,13 @@ class MambaRadix(Policy):
 
     def _admit(self, req: Request, label: str) -> bool:
         """Free slot: yes. Else: if worth more than the state it displaces."""
-        if not self.settings.admission or self.ctx.free_states() >= 1:
+        if not self.settings.admission:
+            return True
+        fp = self.settings.free_pass
+        if (fp == "all" or (fp == "split" and not self.ctx.shared_memory)) and self.ctx.free_states() >= 1:
             return True
         saved = self._flops(req.computed) - self._flops(req.prefix_len)
-        cls = self.items.new_class(label, covered=label == BRANCH)
+        cls = self.items.new_class(label, covered=True)  # the request goes on below it
         value = self._density(cls, 0) * saved / self._new_bytes()
         mode = "shared" if self.ctx.shared_memory else "slot"
         lowest = self._lowest(mode)
@@ -130,7 +138,7 @@ class MambaRadix(Policy):
             label = CHUNK_END
         else:
             label = self.planned.get(id(req), {}).get(req.prefix_len, PROMPT)
-        self.items.add(node, label, self.clock)
+        self.items.add(node, label, self.clock, covered=label != FINISHED)
 
     # ---------------------------------------------------------------- hits
 
