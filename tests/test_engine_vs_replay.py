@@ -51,6 +51,9 @@ CASES = [
         },
     ),
     (MambaRadix, {"kv_tokens": 420, "state_slots": 10, "chunk_size": 32}),
+    # ours where every state slot is contended: admission compares with the
+    # state it would displace, and eviction ranks by learned value
+    (MambaRadix, {"kv_tokens": 360, "state_slots": 6, "chunk_size": 16}),
 ]
 
 

@@ -179,7 +179,10 @@ SHARED_HITS = {
     # marconi: the 2nd finds 50 tokens of KV but no state there: hit 0, and it
     # checkpoints the branch point 50. Pays off from the 3rd occurrence.
     "marconi": [0, 0, 50, 50],
-    "mambaradix": [0, 0, 50, 50],  # the same branch-point checkpoint
+    # mambaradix: with free slots it also keeps chunk ends (20, 40) besides
+    # input - 1 (59) and the finish (64): the 2nd reaches 40, checkpoints its
+    # branch point 50, and the 3rd and 4th hit 50.
+    "mambaradix": [0, 40, 50, 50],
 }
 
 

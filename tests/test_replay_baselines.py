@@ -146,18 +146,18 @@ def test_marconi_oracle_is_not_one_policy() -> None:
 
 
 def pressure_trace(seed: int, n: int = 80) -> Trace:
-    """Random requests over a 3-letter alphabet (many shared prefixes), 10-50
-    tokens long (so vLLM's 32-token blocks matter), 40% of them continuing an
-    earlier request's input + output."""
+    """Random requests over a 3-letter alphabet (many shared prefixes), 40-120
+    tokens long (so vLLM's 32-token blocks and extra_buffer's 64-token chunks
+    matter), 40% of them continuing an earlier request's input + output."""
     rng = random.Random(seed)
     requests: list[TraceRequest] = []
     for i in range(n):
-        inp = array("q", rng.choices(range(3), k=rng.randint(10, 50)))
+        inp = array("q", rng.choices(range(3), k=rng.randint(40, 120)))
         if requests and rng.random() < 0.4:
             prev = rng.choice(requests)
             base = prev.input_units + prev.output_units
-            inp = base[: rng.randint(1, len(base))] + inp[: rng.randint(0, 12)]
-        out = array("q", rng.choices(range(3), k=rng.randint(1, 20)))
+            inp = base[: rng.randint(1, len(base))] + inp[: rng.randint(0, 40)]
+        out = array("q", rng.choices(range(3), k=rng.randint(1, 30)))
         requests.append(TraceRequest(i, 0, rng.uniform(0, 100), inp, out, len(inp), len(out)))
     return Trace(f"pressure-{seed}", requests)
 
@@ -166,11 +166,11 @@ def pressure_trace(seed: int, n: int = 80) -> Trace:
 @pytest.mark.parametrize("policy", list(POLICIES))
 def test_bound_caps_every_policy_under_memory_pressure(policy: str, sequential: bool) -> None:
     # 1 MB: 526 KV tokens and 23 states (14 of vLLM's) split, or one shared
-    # budget: every policy evicts (the trace's sequences hold 4,000 tokens),
-    # and no request may reuse more than the ideal bound allows it.
+    # budget: every policy evicts (the trace's sequences hold 7,350
+    # tokens), and no request may reuse more than the ideal bound allows it.
     trace = pressure_trace(7)
     bound = bound_hit_tokens(trace)
-    cfg = ServingConfig(memory_gb=1e-3, chunk_tokens=16, sequential=sequential)
+    cfg = ServingConfig(memory_gb=1e-3, chunk_tokens=64, sequential=sequential)
     r = replay(trace, TINY, policy, cfg, per_request=True)
     assert r["states_evicted"] + r["kv_tokens_evicted"] > 0
     assert r["served"] + r["dropped"] == len(trace)

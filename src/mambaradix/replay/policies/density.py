@@ -47,58 +47,65 @@ Suffix = tuple[list[float], list[float], list[float]]
 
 
 class _Histogram:
-    __slots__ = ("hits", "ends", "_suffix")
+    __slots__ = ("hits", "ends", "snap")
 
     def __init__(self) -> None:
         self.hits = [0.0] * BINS
         self.ends = [0.0] * BINS  # every end, hits included
-        self._suffix: Suffix | None = None
+        zero = [0.0] * (BINS + 1)
+        self.snap: Suffix = (zero, zero, zero)
 
     def add(self, j: int, hit: bool) -> None:
         self.ends[j] += 1
         if hit:
             self.hits[j] += 1
-        self._suffix = None
 
-    def suffix(self) -> Suffix:
-        """Per bin b: hits, ends, and sum of (bin age + 1/2) x ends over bins >= b."""
-        if self._suffix is None:
-            h, n, r = [0.0] * (BINS + 1), [0.0] * (BINS + 1), [0.0] * (BINS + 1)
-            for j in range(BINS - 1, -1, -1):
-                h[j] = h[j + 1] + self.hits[j]
-                n[j] = n[j + 1] + self.ends[j]
-                r[j] = r[j + 1] + (BIN_AGE[j] + 0.5) * self.ends[j]
-            self._suffix = (h, n, r)
-        return self._suffix
+    def snapshot(self) -> None:
+        """Per bin b: hits, ends, and sum of (bin age + 1/2) x ends over bins
+        >= b; what `at` answers from until the next snapshot."""
+        h, n, r = [0.0] * (BINS + 1), [0.0] * (BINS + 1), [0.0] * (BINS + 1)
+        for j in range(BINS - 1, -1, -1):
+            h[j] = h[j + 1] + self.hits[j]
+            n[j] = n[j + 1] + self.ends[j]
+            r[j] = r[j + 1] + (BIN_AGE[j] + 0.5) * self.ends[j]
+        self.snap = (h, n, r)
 
     def at(self, age: int) -> tuple[float, float]:
         """(hits, life) of the segments still to end for an item at `age`."""
-        h, n, r = self.suffix()
+        h, n, r = self.snap
         b = age_bin(age)
         return h[b], max(r[b] - age * n[b], 0.5 * n[b])
 
 
 class HitDensity:
-    """Per-class hit-density estimates (see the module docstring). `tick()`
-    refreshes the per-class shrinkage targets once per clock tick."""
+    """Per-class hit-density estimates (see the module docstring). Answers
+    count the segments recorded before the last `tick()`."""
 
     def __init__(self, prior: float) -> None:
         self.prior = prior
         self.classes: dict[Hashable, _Histogram] = {}
         self.pooled = _Histogram()
         self._overall: dict[Hashable, float] = {}  # class -> density over all ages
+        self._memo: dict[tuple[Hashable, int], float] = {}  # this tick's answers
+        self._changed: set[_Histogram] = set()  # refreshed at the next tick
         self._mean = 1.0  # the mean segment length, in ticks
         self._weight = 0.0  # `prior` segments' worth of ticks
 
     def record(self, cls: Hashable, age: int, hit: bool) -> None:
         """A segment of class `cls` ended at `age` ticks, by a hit or not."""
         j = age_bin(age)
-        self.classes.setdefault(cls, _Histogram()).add(j, hit)
+        hist = self.classes.setdefault(cls, _Histogram())
+        hist.add(j, hit)
         self.pooled.add(j, hit)
+        self._changed.update((hist, self.pooled))
 
     def tick(self) -> None:
         self._overall.clear()
-        h, n, r = self.pooled.suffix()
+        self._memo.clear()
+        for hist in self._changed:
+            hist.snapshot()
+        self._changed.clear()
+        h, n, r = self.pooled.snap
         self._mean = r[0] / n[0] if n[0] else 1.0
         self._weight = self.prior * self._mean
 
@@ -115,8 +122,14 @@ class HitDensity:
         return rate
 
     def density(self, cls: Hashable, age: int) -> float:
-        n = self.pooled.suffix()[1][0]
-        if not n:
+        key = (cls, age)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = self._density(cls, age)
+        return got
+
+    def _density(self, cls: Hashable, age: int) -> float:
+        if not self.pooled.snap[1][0]:
             return 1.0 / (1.0 + age)
         hist = self.classes.get(cls)
         h, life = hist.at(age) if hist is not None else (0.0, 0.0)

@@ -22,6 +22,7 @@ class Item:
     reused: bool  # it was hit before
     start: int  # clock at the start of its current segment
     flops: float  # prefill FLOPs of the prefix it ends (fixed: splits never move a node's end)
+    cls: object = ()  # (kind, covered, reused), or () with classes off
 
 
 class Items:
@@ -50,8 +51,8 @@ class Items:
     def new_class(self, kind: str, covered: bool) -> object:
         return (kind, covered, False) if self.classes else ()
 
-    def class_of(self, item: Item) -> object:
-        return (item.kind, item.covered, item.reused) if self.classes else ()
+    def _classify(self, item: Item) -> None:
+        item.cls = (item.kind, item.covered, item.reused) if self.classes else ()
 
     def get(self, node: TreeNode) -> Item | None:
         return self.table.get(node)
@@ -59,14 +60,15 @@ class Items:
     # --------------------------------------------------------------- events
 
     def _end(self, item: Item, hit: bool) -> None:
-        self.on_end(self.class_of(item), self.clock - item.start, hit)
+        self.on_end(item.cls, self.clock - item.start, hit)
         item.start = self.clock
 
     def add(self, node: TreeNode, kind: str, now: int, covered: bool) -> None:
         """A new state; `covered` also when the request that took it goes on
         past it (its own later states will lie below)."""
         flops = self.flops(node.depth_tokens())
-        self.table[node] = Item(kind, covered or state_below(node), False, now, flops)
+        new = self.table[node] = Item(kind, covered or state_below(node), False, now, flops)
+        self._classify(new)
         self.index[node] = len(self.nodes)
         self.nodes.append(node)
         above = state_above(node)
@@ -74,12 +76,14 @@ class Items:
         if item is not None and not item.covered:
             self._end(item, hit=False)
             item.covered = True
+            self._classify(item)
 
     def hit(self, node: TreeNode, now: int) -> None:
         item = self.table.get(node)
         if item is not None:
             self._end(item, hit=True)
             item.reused = True
+            self._classify(item)
 
     def settle(self) -> None:
         """Items whose last state below was removed are uncovered again."""
@@ -88,6 +92,7 @@ class Items:
             if item is not None and item.covered and not state_below(node):
                 self._end(item, hit=False)
                 item.covered = False
+                self._classify(item)
         self.recheck.clear()
 
     # -------------------------------------------------------- TreeListener
@@ -115,7 +120,7 @@ class Items:
     def state_removed(self, node: TreeNode) -> None:
         item = self._forget(node)
         if item is not None:
-            self.on_end(self.class_of(item), self.clock - item.start, False)
+            self.on_end(item.cls, self.clock - item.start, False)
         above = state_above(node)
         if above is not None and above in self.table:
             self.recheck.append(above)
@@ -149,20 +154,26 @@ class Items:
     # ------------------------------------------------------------ eviction
 
     def evict(
-        self, pick: Callable[[], TreeNode | None], done: Callable[[int, int], bool]
+        self, ranked: Callable[[], list[TreeNode]], done: Callable[[int, int], bool]
     ) -> EvictResult:
-        """Evict `pick()` (a leaf with its KV, another node's state alone) until
-        `done(KV units freed, states freed)` or nothing is left to pick."""
+        """Evict in the order `ranked()` gives (a leaf with its KV, another
+        node's state alone), asking again when a ranking runs out, until
+        `done(KV units freed, states freed)` or nothing is left to rank."""
         freed_kv: array[int] = array("q")
         freed_states: list[int] = []
+        tree = self.tree
         while not done(len(freed_kv), len(freed_states)):
-            node = pick()
-            if node is None:
+            order = ranked()
+            if not order:
                 break
-            tree = self.tree
-            r = tree.evict_state_of(node) if node.children else tree.evict_leaf(node)
-            freed_kv += r.freed_kv
-            freed_states += r.freed_states
+            for node in order:
+                if node.parent is None or node.state is None:
+                    continue  # gone with an earlier victim
+                r = tree.evict_state_of(node) if node.children else tree.evict_leaf(node)
+                freed_kv += r.freed_kv
+                freed_states += r.freed_states
+                if done(len(freed_kv), len(freed_states)):
+                    break
         return EvictResult(len(freed_kv), len(freed_states), freed_kv, freed_states)
 
 

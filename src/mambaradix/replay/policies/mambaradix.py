@@ -53,8 +53,8 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "mambaradix/without-size": {"sizes": False},
     "mambaradix/without-admission": {"admission": False},
     "mambaradix/without-prompt-ends": {"prompt_ends": False},
-    "mambaradix/fp-all": {"free_pass": "all"},
-    "mambaradix/fp-none": {"free_pass": "none"},
+    "mambaradix/without-free-pass": {"free_pass": False},
+    "mambaradix/without-sampling": {"sample": 0},
 }
 """Each ablation row of the evaluation: our policy without one constant or rule."""
 
@@ -67,7 +67,8 @@ class Settings:
     sizes: bool = True  # per byte; else per item
     admission: bool = True  # compare with the state displaced; else cache always
     prompt_ends: bool = True  # checkpoint input - 1; else only branch points, chunk ends, finish
-    free_pass: str = "split"  # admit without comparing while a slot is free: split, all, none
+    free_pass: bool = True  # split pools: a free state slot admits without comparing
+    sample: int = C.RANK_SAMPLE  # rank a sample of this many (0: every evictable state)
 
 
 class MambaRadix(Policy):
@@ -116,8 +117,8 @@ class MambaRadix(Policy):
         """Free slot: yes. Else: if worth more than the state it displaces."""
         if not self.settings.admission:
             return True
-        fp = self.settings.free_pass
-        if (fp == "all" or (fp == "split" and not self.ctx.shared_memory)) and self.ctx.free_states() >= 1:
+        split = not self.ctx.shared_memory
+        if split and self.settings.free_pass and self.ctx.free_states() >= 1:
             return True
         saved = self._flops(req.computed) - self._flops(req.prefix_len)
         cls = self.items.new_class(label, covered=True)  # the request goes on below it
@@ -168,13 +169,13 @@ class MambaRadix(Policy):
             kvb, sb = ctx.kv_unit_bytes, ctx.state_bytes
             need = kv_units * kvb + states * sb
             r = self.items.evict(
-                lambda: self._pick("shared"), lambda k, s: k * kvb + s * sb >= need
+                lambda: self._ranked("shared"), lambda k, s: k * kvb + s * sb >= need
             )
             short_kv, short_states = 0, -(-max(0, need - r.kv_tokens * kvb - r.states * sb) // sb)
         else:
             mode = "kv" if kv_units else "slot"
             r = self.items.evict(
-                lambda: self._pick(mode), lambda k, s: k >= kv_units and s >= states
+                lambda: self._ranked(mode), lambda k, s: k >= kv_units and s >= states
             )
             short_kv, short_states = max(0, kv_units - r.kv_tokens), max(0, states - r.states)
         if short_kv or short_states:  # nothing of ours left to pick: the tree's LRU
@@ -187,25 +188,23 @@ class MambaRadix(Policy):
             )
         return r
 
-    def _pick(self, mode: str) -> TreeNode | None:
-        """The evictable state of lowest value: over all of them, or over a
-        seeded sample of `RANK_SAMPLE` when there are more (LHD's method)."""
-        pool = self.items.nodes
-        if len(pool) > C.RANK_SAMPLE:
-            picks = self.rng.sample(range(len(pool)), min(len(pool), 2 * C.RANK_SAMPLE))
-            cands = [pool[i] for i in picks if self._evictable(pool[i], mode)][: C.RANK_SAMPLE]
-            if not cands:
-                cands = [n for n in pool if self._evictable(n, mode)]
-        else:
-            cands = [n for n in pool if self._evictable(n, mode)]
+    def _ranked(self, mode: str) -> list[TreeNode]:
+        """Evictable states, lowest value first: all of them, or a seeded
+        sample of `RANK_SAMPLE` when there are more (LHD's method)."""
+        pool, k = self.items.nodes, self.settings.sample
+        cands: list[TreeNode] = []
+        if k and len(pool) > k:  # drawn with replacement: repeats do no harm
+            drawn = self.rng.choices(pool, k=k)
+            cands = list({n: None for n in drawn if self._evictable(n, mode)})
         if not cands:
-            return None
-        return min(cands, key=lambda n: self._value(n, mode))
+            cands = [n for n in pool if self._evictable(n, mode)]
+        values = {n: self._value(n, mode) for n in cands}
+        return sorted(cands, key=values.__getitem__)
 
     def _lowest(self, mode: str) -> float | None:
         self.items.settle()
-        node = self._pick(mode)
-        return None if node is None else self._value(node, mode)
+        order = self._ranked(mode)
+        return self._value(order[0], mode) if order else None
 
     @staticmethod
     def _evictable(node: TreeNode, mode: str) -> bool:
@@ -216,15 +215,18 @@ class MambaRadix(Policy):
         return not node.kv_lock
 
     def _value(self, node: TreeNode, mode: str) -> float:
-        item = self.items.table[node]
-        age = self.clock - item.start
-        saved = self.items.saved(node, item)
-        return self._density(self.items.class_of(item), age) * saved / self._bytes(node, mode)
+        items = self.items
+        item = items.table[node]
+        age = items.clock - item.start if self.settings.ages else 0
+        density = self.density.density(item.cls, age)
+        if not density:
+            return 0.0
+        return density * items.saved(node, item) / self._bytes(node, mode)
 
     def _bytes(self, node: TreeNode, mode: str) -> float:
-        if not self.settings.sizes or mode == "slot":
+        if mode == "slot" or not self.settings.sizes:
             return 1.0
-        kv = self.items.kv_freed(node) if not node.children else 0
+        kv = 0 if node.children else self.items.kv_freed(node)
         if mode == "kv":
             return float(max(1, kv))
         return float(self.ctx.state_bytes + kv * self.ctx.kv_unit_bytes)
