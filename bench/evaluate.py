@@ -66,7 +66,7 @@ DISCIPLINES = {  # name: (model profile, sequential)
     "serving": ("nemotron-h-8b", False),
     "sequential": ("marconi-7b", True),
 }
-MEMORY = {  # GB per discipline: from pressure to (near) the plateau
+MEMORY: dict[str, dict[str, list[float]]] = {  # GB per discipline: from pressure to (near) the plateau
     "mooncake": {"serving": [20, 40, 80, 160], "sequential": [20, 40, 80, 160]},
     "swe-agent": {"serving": [1, 2, 5, 10], "sequential": [1, 2, 3, 5]},
     "chitchat": {"serving": [1, 2, 5, 10], "sequential": [1, 2, 5, 10]},
@@ -79,7 +79,10 @@ GENERATORS = {
     "synthetic-agent": agent_loop,
 }
 SEEDS = {"evaluation": list(range(5)), "tuning": list(range(100, 105))}
-REAL = {"evaluation": ["mooncake", "swe-agent", "chitchat", "mt-bench"], "tuning": ["chitchat-heldout"]}
+REAL = {
+    "evaluation": ["mooncake", "swe-agent", "chitchat", "mt-bench"],
+    "tuning": ["chitchat-heldout"],
+}
 FOLDS = 5
 HELDOUT = (300, 600)  # chitchat conversations of the tuning material
 
@@ -135,8 +138,15 @@ def memories(workload: str, discipline: str) -> list[float]:
     return [float(m) for m in table[discipline]]
 
 
-def runs_of(policy: str) -> list[str]:
-    return oracle_runs() if policy == ORACLE else [policy]
+NO_TUNING = "marconi/without-tuning"
+"""Marconi at alpha 0 (its start, LRU on nodes with at most one child): the
+oracle's first run, shown as the ablation of Marconi's tuner."""
+
+
+def runs_of(row: str) -> list[str]:
+    if row == ORACLE:
+        return list(oracle_runs())
+    return ["marconi@0"] if row == NO_TUNING else [row]
 
 
 def run_job(job: Job) -> tuple[Job, dict[str, Any]]:
@@ -163,7 +173,8 @@ def fold_rates(trace: Trace, hits: list[int]) -> list[float]:
 
 def cost(job: Job) -> float:
     """A rough relative cost, to start the longest jobs first."""
-    return len(_TRACES[job.trace]) * (5 if job.run == "marconi" else 1)
+    weight = 3 if job.run == "marconi" or job.run.startswith(OURS) else 1
+    return len(_TRACES[job.trace]) * weight
 
 
 def run_all(jobs: list[Job], workers: int) -> list[tuple[Job, dict[str, Any]]]:
@@ -186,26 +197,22 @@ def run_all(jobs: list[Job], workers: int) -> list[tuple[Job, dict[str, Any]]]:
 
 
 def collect(
-    groups: dict[str, list[str]], policies: list[str], done: list[tuple[Job, dict[str, Any]]]
+    groups: dict[str, list[str]], rows: list[str], done: list[tuple[Job, dict[str, Any]]]
 ) -> dict[str, Any]:
-    """results[workload][discipline][memory][policy] = {'rate', 'parts', 'spread', ...}."""
-    by_key: dict[tuple[str, str, float, str], list[dict[str, Any]]] = {}
-    for job, r in done:
-        policy = ORACLE if job.run.startswith("marconi@") else job.run
-        by_key.setdefault((job.trace, job.discipline, job.memory, policy), []).append(r)
+    """results[workload][discipline][memory][row] = {'rate', 'parts', 'spread', ...}."""
+    by_key = {(j.trace, j.discipline, j.memory, j.run): r for j, r in done}
     out: dict[str, Any] = {}
     for workload, keys in groups.items():
         for disc in DISCIPLINES:
             for mem in memories(workload, disc):
-                for p in policies:
-                    per_trace = [_one_result(by_key[(k, disc, mem, p)]) for k in keys]
-                    cell = _cell(per_trace, synthetic=len(keys) > 1)
-                    out.setdefault(workload, {}).setdefault(disc, {}).setdefault(mem, {})[p] = cell
+                cells = out.setdefault(workload, {}).setdefault(disc, {}).setdefault(mem, {})
+                for row in rows:
+                    per_trace = []
+                    for k in keys:
+                        runs = [by_key[(k, disc, mem, run)] for run in runs_of(row)]
+                        per_trace.append(oracle_result(runs) if row == ORACLE else runs[0])
+                    cells[row] = _cell(per_trace, synthetic=len(keys) > 1)
     return out
-
-
-def _one_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return oracle_result(runs) if len(runs) > 1 else runs[0]
 
 
 def _cell(per_trace: list[dict[str, Any]], synthetic: bool) -> dict[str, Any]:
@@ -250,40 +257,95 @@ def fmt(cell: dict[str, Any], synthetic: bool, bold: bool) -> str:
     return f"**{text}**" if bold else text
 
 
+def table(
+    cells_at: dict[float, Any], rows: list[str], head: str, synth: bool
+) -> tuple[str, list[str]]:
+    """One workload in one discipline (policies, our verdict, ablations); and
+    the verdict at each memory point."""
+    others = [p for p in POLICIES if p != OURS]
+    mems = list(cells_at)
+    lines = [head, "", "| policy | " + " | ".join(f"{m:g} GB" for m in mems) + " |"]
+    lines.append("|---|" + "---|" * len(mems))
+    verdicts, marks = [], []
+    for m in mems:
+        v, beaten_by = point_verdict(cells_at[m], others)
+        verdicts.append(v)
+        marks.append(v + (f" ({', '.join(beaten_by)})" if beaten_by else ""))
+    for row in rows:
+        cells = []
+        for m in mems:
+            best = max(cells_at[m][q]["rate"] for q in POLICIES)
+            cell = cells_at[m][row]
+            cells.append(fmt(cell, synth, row in POLICIES and cell["rate"] >= best - 1e-12))
+        name = row if row in POLICIES else f"*{row}*"
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        if row == POLICIES[-1]:
+            lines.append(f"| *{OURS} vs all* | " + " | ".join(marks) + " |")
+    return "\n".join(lines), verdicts
+
+
 def markdown(
     results: dict[str, Any],
     groups: dict[str, list[str]],
-    policies: list[str],
+    rows: list[str],
     bounds: dict[str, float],
-) -> tuple[str, dict[str, int]]:
-    others = [p for p in POLICIES if p != OURS]
+) -> tuple[str, dict[str, int], dict[str, dict[str, int]]]:
     tally = {"win": 0, "tie": 0, "loss": 0}
+    against = {p: {"win": 0, "tie": 0, "loss": 0} for p in POLICIES if p != OURS}
     parts: list[str] = []
-    for workload in groups:
-        synthetic = len(groups[workload]) > 1
-        for disc in DISCIPLINES:
-            model = DISCIPLINES[disc][0]
-            mems = memories(workload, disc)
+    for workload, keys in groups.items():
+        synth = len(keys) > 1
+        for disc, (model, _) in DISCIPLINES.items():
             head = f"**{workload}**, {disc} ({model}); bound {bounds[workload]:.1%}"
-            if synthetic:
-                head += f" (mean ± sd over seeds {_seed_range(groups[workload])})"
-            lines = [head, "", "| policy | " + " | ".join(f"{m:g} GB" for m in mems) + " |"]
-            lines.append("|---|" + "---|" * len(mems))
-            cells_at = [results[workload][disc][m] for m in mems]
-            for p in policies:
-                row = []
-                for cells in cells_at:
-                    best = max(cells[q]["rate"] for q in POLICIES)
-                    row.append(fmt(cells[p], synthetic, cells[p]["rate"] >= best - 1e-12))
-                lines.append(f"| {p} | " + " | ".join(row) + " |")
-            row = []
-            for cells in cells_at:
-                v, beaten_by = point_verdict(cells, others)
+            if synth:
+                head += f"; mean ± sd over seeds {_seed_range(keys)}"
+            cells_at = results[workload][disc]
+            text, verdicts = table(cells_at, rows, head, synth)
+            parts.append(text)
+            for v in verdicts:
                 tally[v] += 1
-                row.append(v + (f" ({', '.join(beaten_by)})" if beaten_by else ""))
-            lines.append(f"| *{OURS} vs all* | " + " | ".join(row) + " |")
-            parts.append("\n".join(lines))
-    return "\n\n".join(parts), tally
+            for m in cells_at:
+                for p in against:
+                    against[p][verdict(cells_at[m][OURS], cells_at[m][p])[0]] += 1
+    return "\n\n".join(parts), tally, against
+
+
+TARGETS = [("swe-agent", "sequential"), ("chitchat", "sequential")]  # at or above the oracle
+
+
+def summary(
+    tally: dict[str, int],
+    against: dict[str, dict[str, int]],
+    results: dict[str, Any],
+    runs: int,
+    seconds: float,
+    workers: int,
+) -> str:
+    total = sum(tally.values())
+    lines = [
+        f"{OURS} against every other policy at once, per point: {tally['win']} wins, "
+        f"{tally['tie']} ties, {tally['loss']} losses of {total} points "
+        f"({runs} runs in {seconds:.0f} s with {workers} workers).",
+        "",
+        f"| {OURS} against | wins | ties | losses |",
+        "|---|---|---|---|",
+    ]
+    for p, t in against.items():
+        lines.append(f"| {p} | {t['win']} | {t['tie']} | {t['loss']} |")
+    for workload, disc in TARGETS:
+        if workload not in results:
+            continue
+        cells = results[workload][disc]
+        marks = []
+        for m, c in cells.items():
+            v, margin, spread = verdict(c[OURS], c[ORACLE])
+            marks.append(
+                f"{m:g} GB {c[OURS]['rate']:.1%} vs {c[ORACLE]['rate']:.1%} "
+                f"({v}, margin {margin:+.1%}, spread {spread:.1%})"
+            )
+        lines.append("")
+        lines.append(f"Target, {workload} {disc}, {OURS} vs {ORACLE}: " + "; ".join(marks) + ".")
+    return "\n".join(lines)
 
 
 def _seed_range(keys: list[str]) -> str:
@@ -304,37 +366,38 @@ def main() -> None:
     groups = load_material(args.material, args.limit)
     if args.only:
         groups = {w: ks for w, ks in groups.items() if w in args.only.split(",")}
-    policies = args.policies.split(",") if args.policies else POLICIES + list(ABLATIONS)
-    policies = list(dict.fromkeys(POLICIES + policies))
+    ablations = [NO_TUNING, *ABLATIONS]
+    rows = args.policies.split(",") if args.policies else POLICIES + ablations
+    rows = list(dict.fromkeys(POLICIES + rows))
+    runs = list(dict.fromkeys(run for row in rows for run in runs_of(row)))
     jobs = [
         Job(k, d, m, run)
         for w, keys in groups.items()
         for k in keys
         for d in DISCIPLINES
         for m in memories(w, d)
-        for p in policies
-        for run in runs_of(p)
+        for run in runs
     ]
     print(f"{len(jobs)} runs on {args.workers} workers", file=sys.stderr, flush=True)
     done = run_all(jobs, args.workers)
-    results = collect(groups, policies, done)
+    results = collect(groups, rows, done)
     bounds = {
         w: statistics.fmean(bound_token_hit_rate(_TRACES[k]) for k in keys)
         for w, keys in groups.items()
     }
     seconds = time.perf_counter() - start
-    text, tally = markdown(results, groups, policies, bounds)
-    total = sum(tally.values())
-    summary = (
-        f"{OURS} against every other policy, per point: {tally['win']} wins, "
-        f"{tally['tie']} ties, {tally['loss']} losses of {total} points "
-        f"({len(jobs)} runs in {seconds:.0f} s on {args.workers} workers)."
-    )
-    text = summary + "\n\n" + text
+    text, tally, against = markdown(results, groups, rows, bounds)
+    text = summary(tally, against, results, len(jobs), seconds, args.workers) + "\n\n" + text
     out = Path(args.out or f"out/{args.material}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text + "\n")
-    dump = {"material": args.material, "seconds": seconds, "tally": tally, "results": results}
+    dump = {
+        "material": args.material,
+        "seconds": seconds,
+        "tally": tally,
+        "against": against,
+        "results": results,
+    }
     out.with_suffix(".json").write_text(json.dumps(dump, indent=1, default=_json))
     print(text)
 

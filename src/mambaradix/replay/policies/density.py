@@ -23,9 +23,11 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 
-EXACT = 8  # ages below this have a bin each
-PER_OCTAVE = 4
-BINS = EXACT + PER_OCTAVE * 24  # up to ages of about 8 * 2**24
+from mambaradix.replay.policies import constants as C
+
+EXACT = C.AGE_EXACT  # ages below this have a bin each
+PER_OCTAVE = C.AGE_BINS_PER_OCTAVE
+BINS = EXACT + PER_OCTAVE * 24  # up to ages of EXACT * 2**24 ticks
 
 
 def age_bin(age: int) -> int:
