@@ -10,7 +10,9 @@ Every policy (and every ablation of ours) at every point of:
 
 in both disciplines: `serving` (the concurrent serving model, Nemotron-H-8B)
 and `sequential` (Marconi's discipline, one request at a time, one shared byte
-budget, the marconi-7b profile), at 3-4 memory sizes each.
+budget, the marconi-7b profile), at 3-4 memory sizes each (`MEMORY`). To
+finish in 15 minutes on 2 cores, Mooncake is its first 6,000 of 12,031
+requests (`--limit 0` for all).
 
 Verdicts. Our policy against each other policy at a point: the margin is the
 difference of token hit rates; the spread is the sample standard deviation of
@@ -46,6 +48,7 @@ from typing import Any
 from mambaradix.replay.bound import bound_token_hit_rate
 from mambaradix.replay.models import get_profile
 from mambaradix.replay.policies import ABLATIONS, ORACLE
+from mambaradix.replay.policies.constants import RANK_SAMPLE
 from mambaradix.replay.run import oracle_result, oracle_runs, replay
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace
@@ -66,12 +69,14 @@ DISCIPLINES = {  # name: (model profile, sequential)
     "serving": ("nemotron-h-8b", False),
     "sequential": ("marconi-7b", True),
 }
-MEMORY: dict[str, dict[str, list[float]]] = {  # GB per discipline: from pressure to (near) the plateau
+MEMORY: dict[
+    str, dict[str, list[float]]
+] = {  # GB per discipline: from pressure to (near) the plateau
     "mooncake": {"serving": [20, 40, 80, 160], "sequential": [20, 40, 80, 160]},
     "swe-agent": {"serving": [1, 2, 5, 10], "sequential": [1, 2, 3, 5]},
     "chitchat": {"serving": [1, 2, 5, 10], "sequential": [1, 2, 5, 10]},
     "mt-bench": {"serving": [1, 2, 5], "sequential": [1, 2, 5]},
-    "synthetic": {"serving": [1, 2, 5, 10], "sequential": [0.5, 1, 2, 5]},
+    "synthetic": {"serving": [1, 2, 5], "sequential": [0.5, 1, 2]},
 }
 GENERATORS = {
     "synthetic-multi-turn": multi_turn,
@@ -84,6 +89,7 @@ REAL = {
     "tuning": ["chitchat-heldout"],
 }
 FOLDS = 5
+MOONCAKE_LIMIT = 6000  # of 12,031 requests, to finish in 15 minutes on 2 cores
 HELDOUT = (300, 600)  # chitchat conversations of the tuning material
 
 _TRACES: dict[str, Trace] = {}  # loaded before the workers fork
@@ -120,7 +126,7 @@ def load_material(material: str, limit: int | None) -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
     for name in REAL[material]:
         trace = load_chitchat_heldout() if name == "chitchat-heldout" else load(name)
-        if limit is not None and name == "mooncake":
+        if limit and name == "mooncake":
             trace.requests = trace.requests[:limit]
         _TRACES[name] = trace
         groups[name] = [name]
@@ -143,10 +149,28 @@ NO_TUNING = "marconi/without-tuning"
 oracle's first run, shown as the ablation of Marconi's tuner."""
 
 
-def runs_of(row: str) -> list[str]:
+def runs_of(row: str, discipline: str, memory: float) -> list[str]:
+    """The runs a row's cell is made of. An ablation that cannot change a
+    decision at this point is the policy itself (not run twice): the free
+    pass exists only with split pools, and sampling only with more than
+    RANK_SAMPLE states."""
     if row == ORACLE:
         return list(oracle_runs())
-    return ["marconi@0"] if row == NO_TUNING else [row]
+    if row == NO_TUNING:
+        return ["marconi@0"]
+    if row == "mambaradix/without-free-pass" and discipline == "sequential":
+        return [OURS]
+    if row == "mambaradix/without-sampling" and state_slots(discipline, memory) <= RANK_SAMPLE:
+        return [OURS]
+    return [row]
+
+
+def state_slots(discipline: str, memory: float) -> int:
+    """The most states the pools hold (split pools: the state pool; one
+    shared budget: all of it in states)."""
+    model, sequential = DISCIPLINES[discipline]
+    share = 1.0 if sequential else ServingConfig(memory_gb=memory).state_fraction
+    return int(memory * 1e9 * share) // get_profile(model).state_bytes
 
 
 def run_job(job: Job) -> tuple[Job, dict[str, Any]]:
@@ -209,7 +233,7 @@ def collect(
                 for row in rows:
                     per_trace = []
                     for k in keys:
-                        runs = [by_key[(k, disc, mem, run)] for run in runs_of(row)]
+                        runs = [by_key[(k, disc, mem, run)] for run in runs_of(row, disc, mem)]
                         per_trace.append(oracle_result(runs) if row == ORACLE else runs[0])
                     cells[row] = _cell(per_trace, synthetic=len(keys) > 1)
     return out
@@ -299,6 +323,8 @@ def markdown(
             head = f"**{workload}**, {disc} ({model}); bound {bounds[workload]:.1%}"
             if synth:
                 head += f"; mean ± sd over seeds {_seed_range(keys)}"
+            else:
+                head += f"; {len(_TRACES[keys[0]]):,} requests"
             cells_at = results[workload][disc]
             text, verdicts = table(cells_at, rows, head, synth)
             parts.append(text)
@@ -358,7 +384,9 @@ def main() -> None:
     ap.add_argument("--material", choices=sorted(SEEDS), default="evaluation")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default=None, help="default out/evaluation or out/tuning")
-    ap.add_argument("--limit", type=int, default=None, help="first N Mooncake requests only")
+    ap.add_argument(
+        "--limit", type=int, default=MOONCAKE_LIMIT, help="first N Mooncake requests (0: all)"
+    )
     ap.add_argument("--only", default=None, help="comma-separated workloads (default: all)")
     ap.add_argument("--policies", default=None, help="comma-separated rows (default: all)")
     args = ap.parse_args()
@@ -369,14 +397,13 @@ def main() -> None:
     ablations = [NO_TUNING, *ABLATIONS]
     rows = args.policies.split(",") if args.policies else POLICIES + ablations
     rows = list(dict.fromkeys(POLICIES + rows))
-    runs = list(dict.fromkeys(run for row in rows for run in runs_of(row)))
     jobs = [
         Job(k, d, m, run)
         for w, keys in groups.items()
         for k in keys
         for d in DISCIPLINES
         for m in memories(w, d)
-        for run in runs
+        for run in dict.fromkeys(run for row in rows for run in runs_of(row, d, m))
     ]
     print(f"{len(jobs)} runs on {args.workers} workers", file=sys.stderr, flush=True)
     done = run_all(jobs, args.workers)

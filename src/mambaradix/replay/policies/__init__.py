@@ -54,6 +54,10 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 }
 
 
+SINGLE_RUN = [p for p in POLICIES if p != ORACLE]
+"""The policies that cost one run per point (all but `marconi-oracle`)."""
+
+
 def make_policy(name: str, **kwargs: Any) -> Policy:
     """The policy called `name`: a key of POLICIES, or an ablation of ours
     (`mambaradix/without-X`, see `ABLATIONS`). `marconi-oracle` is not one
@@ -75,6 +79,7 @@ __all__ = [
     "ORACLE",
     "POLICIES",
     "PROMPT_END",
+    "SINGLE_RUN",
     "STOP",
     "DefaultPolicy",
     "MambaRadix",
