@@ -13,18 +13,21 @@ Columns: requests/s over the whole run, mean and median TTFT (from a round's sub
 the request's first token; all sessions' turn t are submitted together), prefill tokens
 computed, hit rate, the hit rate `mambaradix replay` predicts for the same requests and pool
 sizes, and whether greedy outputs match with and without the cache.
-Batch size is 1 per forward (round-robin), so requests/s is a latency-bound number.
+Decode runs every running request in one forward per step (`--single-decode`: one forward per
+request, as the engine did before). `--device cuda --dtype bfloat16` runs on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
+from pathlib import Path
 
 import torch
 
-from mambaradix.engine.workload import compare_cache, trace_sessions
+from mambaradix.compare import compare_cache, engine_sessions
 
 
 def synthetic_sessions(
@@ -54,6 +57,10 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=None, help="override the preset hidden size")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--single-decode", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="write every row here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     vocab = 1024
@@ -63,7 +70,7 @@ def main() -> None:
         )
     }
     try:
-        workloads["mt-bench"] = trace_sessions("mt-bench", vocab, args.sessions)
+        workloads["mt-bench"] = engine_sessions("mt-bench", vocab, args.sessions)
     except ImportError as e:
         print(f"(mt-bench skipped: {e})")
     overrides = {"hidden_size": args.hidden} if args.hidden else None
@@ -74,14 +81,21 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     start = time.perf_counter()
+    rows: list[dict[str, object]] = []
     for model in args.models.split(","):
         for name, sessions in workloads.items():
-            kw = {"chunk_size": args.chunk_size}
+            kw = {
+                "chunk_size": args.chunk_size,
+                "device": args.device,
+                "dtype": getattr(torch, args.dtype),
+                "batch_decode": not args.single_decode,
+            }
             if overrides:
                 kw["model_overrides"] = overrides  # type: ignore[assignment]
             data = compare_cache(sessions, args.max_new_tokens, model=model, seed=args.seed, **kw)
             for label in ("cache", "no cache"):
                 d = data[label]
+                rows.append({"model": model, "workload": name, "cache": label, **d})
                 print(
                     f"{model:17}{name:11}{'on' if label == 'cache' else 'off':>6}"
                     f"{data['requests']:>5}{d['requests_per_s']:>8.1f}"
@@ -91,6 +105,9 @@ def main() -> None:
                     f"{'yes' if data['identical'] else 'NO':>6}"
                 )
     print(f"\n({time.perf_counter() - start:.1f} s, {args.threads} threads)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 Hypothesis profiles, chosen with the HYPOTHESIS_PROFILE environment variable:
   ci   (default) quick: the budgets written in each test file apply
   deep long randomized runs: HYPOTHESIS_PROFILE=deep pytest tests/test_tree_stateful.py
+
+The engine's exactness tests run on MAMBARADIX_TEST_DEVICE (tests/engine_device.py).
 """
 
 from __future__ import annotations

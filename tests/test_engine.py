@@ -14,6 +14,8 @@ import pytest
 import torch
 import transformers  # noqa: F401  (the `engine` extra; setup installs it)
 
+from engine_device import ENGINE_DEVICE as DEVICE
+from engine_device import engine_net
 from mambaradix.core.tree import MambaRadixCache  # noqa: E402
 from mambaradix.engine import Engine, Result, build_model  # noqa: E402
 from mambaradix.engine.workload import run_conversations  # noqa: E402
@@ -27,12 +29,13 @@ VOCAB = 1024
 
 @pytest.fixture(scope="module", params=MODELS)
 def net(request: pytest.FixtureRequest) -> Any:
-    torch.set_num_threads(2)
-    return build_model(request.param, seed=0)
+    return engine_net(request.param)
 
 
 def _engine(net: Any, prefix_cache: bool, **kw: Any) -> Engine:
-    return Engine(model=net.config.model_type, net=net, prefix_cache=prefix_cache, **kw)
+    return Engine(
+        model=net.config.model_type, net=net, prefix_cache=prefix_cache, device=DEVICE, **kw
+    )
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
@@ -206,7 +209,8 @@ def test_rejects_bad_prompts_and_oversized_requests(net: Any) -> None:
         eng.generate([[]])
     with pytest.raises(ValueError):
         eng.generate([[VOCAB + 5]])
-    with pytest.raises(RuntimeError):
+    # 40 prompt + 2 new + a page: admission wants 43 strictly below the pool.
+    with pytest.raises(ValueError, match=r"prompts\[0\] needs a KV pool of 44 tokens"):
         eng.generate([_tokens(random.Random(5), 40)], max_new_tokens=2)
     eng.check()  # the failed call gave everything back
     assert not eng.mgr.active
@@ -216,7 +220,7 @@ def test_rejects_bad_prompts_and_oversized_requests(net: Any) -> None:
 def test_local_checkpoint_directory_loads_with_from_pretrained(tmp_path: Any) -> None:
     """A user's weights on disk: `model=` a local directory goes through
     `from_pretrained` and serves exactly like the model it was saved from."""
-    from mambaradix.engine import Engine, build_model
+    from mambaradix.engine import Engine
 
     build_model("nemotron-h-tiny", seed=3).save_pretrained(tmp_path)
     prompt = [[5, 6, 7, 8, 9, 10, 11, 12]]

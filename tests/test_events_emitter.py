@@ -14,7 +14,6 @@ import pytest
 from mambaradix import MambaRadixCache
 from mambaradix.events import AllBlocksCleared, BlockRemoved, BlockStored, EventEmitter
 
-
 _NEXT_KV = iter(range(10**9))
 
 

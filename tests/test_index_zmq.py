@@ -184,7 +184,9 @@ def request(url: str, body: Any = None) -> tuple[int, Any]:
 def server() -> Any:
     prod = Producer(None)
     prod.insert([1, 2, 3, 4, 5, 6, 7, 8])
-    prod.tree.insert([1, 2, 3, 4], [0, 1, 2, 3], state=99, prev_prefix_len=4)  # a state at 4, KV to 8
+    prod.tree.insert(
+        [1, 2, 3, 4], [0, 1, 2, 3], state=99, prev_prefix_len=4
+    )  # a state at 4, KV to 8
     prod.flush()
     srv = IndexServer(("127.0.0.1", 0), prod.truth, threading.Lock())
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05})

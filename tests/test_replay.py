@@ -35,7 +35,6 @@ from mambaradix.replay.policies import (
     PolicyContext,
     make_policy,
 )
-from mambaradix.replay.policies.constants import ORACLE_ALPHAS
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace, TraceRequest
@@ -290,7 +289,7 @@ def test_golden_ttft_includes_queueing() -> None:
 def test_replay_metrics_aggregate_the_outcomes() -> None:
     m = replay(Trace("s", list(SESSION), 1), TINY, "mambaradix", ServingConfig(memory_gb=BIG))
     assert m["policy"] == "mambaradix" and m["memory_gb"] == BIG
-    assert m["requests"] == 2 and m["dropped"] == 0
+    assert m["requests"] == m["served"] == 2 and m["dropped"] == 0
     assert m["prompt_tokens"] == 40 + 80
     assert m["cached_tokens"] == 69
     assert m["token_hit_rate"] == pytest.approx(69 / 120)
@@ -580,7 +579,7 @@ def test_memory_pressure_accounts_every_request(policy: str, rate: float | None)
     sim.cache.check_conservation()
     assert sim.peak_kv <= sim.cache.kv.capacity and sim.peak_states <= sim.cache.slots.capacity
     m = replay(trace, get_profile("jamba-1.5-mini"), policy, cfg)
-    assert m["requests"] + m["dropped"] == len(trace)
+    assert m["served"] + m["dropped"] == m["requests"] == len(trace)
     assert m["states_evicted"] + m["kv_tokens_evicted"] > 0
     assert 0 <= m["token_hit_rate"] <= bound_token_hit_rate(trace)
 

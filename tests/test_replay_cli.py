@@ -89,7 +89,7 @@ def check_schema(data: dict[str, Any], policies: list[str], memories: list[float
         assert 0.0 <= r["token_hit_rate"] <= data["bound"]["token_hit_rate"] + 1e-12
         assert r["flops_saved"] >= 0
         assert 0.0 <= r["ttft_p50_s"] <= r["ttft_p95_s"]
-        assert r["requests"] + r["dropped"] == data["trace"]["requests"]
+        assert r["served"] + r["dropped"] == r["requests"] == data["trace"]["requests"]
 
 
 def check_png(path: Path) -> None:
@@ -280,9 +280,7 @@ def test_malformed_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 @pytest.mark.parametrize("memory", ["0", "-5", "ten"])
 def test_bad_memory_is_a_usage_error(memory: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["replay", "--memory", memory])
-    assert exc.value.code == 2
+    assert main(["replay", "--memory", memory]) == 2
     assert "--memory" in capsys.readouterr().err
 
 
@@ -354,3 +352,32 @@ def test_state_fraction_sweep(tmp_path: Path) -> None:
     assert {r["config"]["prefill_flops_per_s"] for r in data["results"]} == {1e15}
     caps = {(r["memory_gb"], r["state_fraction"]): r["state_capacity"] for r in data["results"]}
     assert caps[(2.0, 0.6)] > caps[(2.0, 0.3)]  # the split really moves memory between pools
+
+
+@pytest.mark.parametrize("form", ["new/dir/", "existing"])
+def test_plot_directory_writes_where_it_says(
+    tmp_path: Path, tiny_trace: Path, form: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "existing").mkdir()
+    target = tmp_path / form
+    args = ["replay", "--trace", str(tiny_trace), "--model", "marconi-7b", "--memory", "1"]
+    args += ["--policy", "sglang", "--workers", "1", "--no-progress", "--plot", f"{target}"]
+    args[-1] += "/" if form.endswith("/") else ""
+    assert main(args) == 0
+    written = target / "replay-tiny-marconi-7b.png"
+    check_png(written)
+    assert f"plot: {written}\n" in capsys.readouterr().out
+    assert [p.name for p in written.parent.iterdir()] == [written.name]  # no temporaries left
+
+
+def test_plot_format_follows_the_extension_and_json_dirs_are_made(
+    tmp_path: Path, tiny_trace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["replay", "--trace", str(tiny_trace), "--model", "marconi-7b", "--memory", "1"]
+    args += ["--policy", "sglang", "--workers", "1", "--no-progress"]
+    assert main([*args, "--plot", "p.svg", "--json", "a/b/r.json"]) == 0
+    assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
+    assert json.loads((tmp_path / "a/b/r.json").read_text())["results"][0]["policy"] == "sglang"
+    assert main(args) == 0  # the default plot: out/replay-TRACE-MODEL.png in the working dir
+    check_png(tmp_path / "out" / "replay-tiny-marconi-7b.png")

@@ -53,15 +53,21 @@ def test_insert_new_leaf_split_and_revive() -> None:
     tree, rec = tree_with()
     tree.insert([1, 2, 3, 4], [10, 11, 12, 13], state=0)
     assert rec.take() == [("added", [1, 2, 3, 4], 0), ("state+", [1, 2, 3, 4], 0)]
-    tree.insert([1, 2, 7], [10, 11, 20], state=1, prev_prefix_len=2)  # splits [1,2,3,4] after 2 tokens
+    tree.insert(
+        [1, 2, 7], [10, 11, 20], state=1, prev_prefix_len=2
+    )  # splits [1,2,3,4] after 2 tokens
     assert rec.take() == [
         ("split", [1, 2], [3, 4]),
         ("added", [7], 1),
         ("state+", [7], 1),
     ]
-    tree.insert([1, 2], [10, 11], state=2, prev_prefix_len=2)  # the split's upper node: a tombstone, revived
+    tree.insert(
+        [1, 2], [10, 11], state=2, prev_prefix_len=2
+    )  # the split's upper node: a tombstone, revived
     assert rec.take() == [("state+", [1, 2], 2)]
-    tree.insert([1, 2, 3, 4], [10, 11, 12, 13], state=3, prev_prefix_len=4)  # already holds a state: nothing
+    tree.insert(
+        [1, 2, 3, 4], [10, 11, 12, 13], state=3, prev_prefix_len=4
+    )  # already holds a state: nothing
     assert rec.take() == []
 
 

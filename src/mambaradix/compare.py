@@ -3,6 +3,7 @@ imports the replay).
 
     engine_sessions(workload, vocab)   user turns of a bundled multi-turn workload
     compare_cache(sessions, ...)       the engine with the cache on and off
+    replay_policy_for(engine)          the replay policy that decides as the engine
     engine_trace(run)                  an engine run as a replay trace
     replay_prediction(run, engine)     what `mambaradix replay` predicts for the
                                        same requests, pools and policy, per request
@@ -11,6 +12,7 @@ imports the replay).
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -126,20 +128,35 @@ def replay_prediction(
     return [by_request.get(i, 0) for i in order]
 
 
+def replay_policy_for(engine: Engine) -> Policy:
+    """The replay policy that checkpoints and evicts as `engine` does with its
+    default checkpoints: SGLang's (no_buffer or extra_buffer) for
+    compat="sglang", else ours (`DefaultPolicy`) with the engine's strategy."""
+    from mambaradix.replay.policies import DefaultPolicy, SGLang, SGLangExtraBuffer
+
+    extra = engine.mgr.extra_buffer
+    if engine.mgr.tree.compat == "sglang":
+        return SGLangExtraBuffer() if extra else SGLang()
+    policy = DefaultPolicy()
+    policy.strategy = engine.mgr.strategy
+    return policy
+
+
 def compare_cache(
     sessions: list[list[list[int]]],
     max_new_tokens: int,
     model: str = "nemotron-h-tiny",
     seed: int = 0,
+    on_round: Callable[[int], None] | None = None,
     **engine_kw: Any,
 ) -> dict[str, Any]:
     """Serve `sessions` with the cache on and off (same model weights) and
     summarise: identical outputs, token counts, hit rate, timings, and the
-    replay's prediction for the cached run."""
+    replay's prediction for the cached run. `on_round(n)`: called after each
+    round of either run with its number of requests (a progress bar)."""
     from mambaradix.engine import Engine
     from mambaradix.engine.workload import run_conversations
     from mambaradix.replay.bound import bound_token_hit_rate
-    from mambaradix.replay.policies import DefaultPolicy
 
     out: dict[str, Any] = {}
     runs: dict[str, ConversationRun] = {}
@@ -148,12 +165,13 @@ def compare_cache(
     for label, on in (("cache", True), ("no cache", False)):
         eng = Engine(model=model, seed=seed, prefix_cache=on, net=net, **engine_kw)
         net, engines[label] = eng.net, eng
-        runs[label] = run = run_conversations(eng, sessions, max_new_tokens)
+        runs[label] = run = run_conversations(eng, sessions, max_new_tokens, on_round)
         eng.check()
         out[label] = _summary(eng, run)
     out["identical"] = runs["cache"].output_ids() == runs["no cache"].output_ids()
     out["requests"] = runs["cache"].num_requests
-    predicted = replay_prediction(runs["cache"], engines["cache"], DefaultPolicy())
+    cached = engines["cache"]
+    predicted = replay_prediction(runs["cache"], cached, replay_policy_for(cached))
     prompt = out["cache"]["prompt_tokens"]
     out["replay"] = {
         "token_hit_rate": sum(predicted) / prompt if prompt else 0.0,

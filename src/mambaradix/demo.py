@@ -21,7 +21,16 @@ from mambaradix.pools import (
     StateSlotAllocator,
     TokenKVAllocator,
 )
-from mambaradix.scheduler import FingerprintForward, Scheduler, SchedulerConfig, Sequence
+from mambaradix.scheduler import (
+    FingerprintForward,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+    admission_need,
+    fits_alone,
+    slots_alone,
+)
+from mambaradix.validate import as_count, as_int, as_positive
 
 Turn = tuple[list[int], list[int]]
 
@@ -86,22 +95,60 @@ def tiny_tree() -> str:
     """A four-insert example showing a split, a tombstone and a namespace."""
     cache = MambaRadixCache()
     cache.insert([1, 2, 3], [10, 11, 12], state=0)
-    cache.insert([1, 2, 3, 4, 5, 6, 7], [10, 11, 12, 13, 14, 15, 16], state=1)
-    cache.insert([1, 2, 3, 4, 5, 60, 70], [10, 11, 12, 13, 14, 17, 18], state=2)
+    # prev_prefix_len: the positions below it are the tree's own indices (the
+    # tree refuses an index it already holds from there on)
+    cache.insert([1, 2, 3, 4, 5, 6, 7], [10, 11, 12, 13, 14, 15, 16], state=1, prev_prefix_len=3)
+    cache.insert([1, 2, 3, 4, 5, 60, 70], [10, 11, 12, 13, 14, 17, 18], state=2, prev_prefix_len=5)
     cache.insert([1, 2, 3], [20, 21, 22], state=3, extra_key="lora-b")
     cache.evict(states=1)  # the least recently used state, [1,2,3], becomes a tombstone
     return cache.pretty()
 
 
+MIN_SLOTS = slots_alone(0)  # a request locks the state it matched and runs in a copy
+
+
+def check_demo_args(
+    sessions: int, turns: int, kv_tokens: int, slots: int, chunk: int, seed: int
+) -> None:
+    """TypeError / ValueError naming the first argument that makes no sense."""
+    for value, name in ((sessions, "sessions"), (turns, "turns"), (kv_tokens, "kv_tokens")):
+        as_positive(value, name)
+    if as_int(slots, "slots") < MIN_SLOTS:
+        raise ValueError(f"slots must be >= {MIN_SLOTS} (the matched state and the running one)")
+    as_positive(chunk, "chunk")
+    as_count(seed, "seed")
+
+
+def check_fits(work: list[Turn], kv_tokens: int) -> None:
+    """ValueError unless the KV pool admits the largest request alone: the
+    scheduler wants its prompt, its answer and one token more strictly free."""
+    needs = [admission_need(len(p), len(a), 1) + 1 for p, a in work]
+    i = max(range(len(needs)), key=needs.__getitem__)
+    if not fits_alone(len(work[i][0]), len(work[i][1]), 1, kv_tokens):
+        raise ValueError(
+            f"kv_tokens {kv_tokens:,} is too small: request {i} ({len(work[i][0]):,} prompt + "
+            f"{len(work[i][1]):,} answer tokens) needs a pool of {needs[i]:,}; "
+            f"use kv_tokens >= {needs[i]:,}"
+        )
+
+
 def run_demo(sessions: int, turns: int, kv_tokens: int, slots: int, chunk: int, seed: int) -> str:
+    """The demo's report; ValueError / TypeError first for arguments that make
+    no sense or a KV pool too small for the largest request."""
+    check_demo_args(sessions, turns, kv_tokens, slots, chunk, seed)
     work = demo_sessions(sessions, turns, seed)
+    check_fits(work, kv_tokens)
+    return report(work, f"{sessions} sessions x {turns} turns", kv_tokens, slots, chunk)
+
+
+def report(work: list[Turn], what: str, kv_tokens: int, slots: int, chunk: int) -> str:
+    """Serve checked `work` with both tree behaviours; the side-by-side report."""
     rows = {
         name: serve_all(compat, work, kv_tokens, slots, chunk)
         for name, compat in (("mambaradix", None), ("sglang-0.5.15", "sglang"))
     }
     lines = [
-        f"{sessions} sessions x {turns} turns, KV pool {kv_tokens} tokens, {slots} state slots, "
-        f"prefill chunk {chunk}",
+        f"{what}, KV pool {kv_tokens} tokens, {slots} state slots, prefill chunk {chunk}",
         "",
         f"{'':22}" + "".join(f"{name:>16}" for name in rows),
     ]

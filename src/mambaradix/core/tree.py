@@ -191,12 +191,15 @@ class MambaRadixCache:
 
     # ------------------------------------------------------------------- match
 
-    def match_prefix(self, key: Any, extra_key: Any = None) -> MatchResult:
+    def match_prefix(self, key: Any, extra_key: Any = None, read_only: bool = False) -> MatchResult:
         """Longest cached prefix of `key` that ends at a state.
 
         Mutates only LRU order (and, with compat="sglang", splits a partially
         matched edge, as SGLang does). The returned indices stay valid while
-        `node` is locked.
+        `node` is locked. `read_only=True` changes nothing (no refresh, no
+        split) and answers the same lengths: a split's upper node holds no
+        state, so the match is cut back above it either way (a router asking
+        what the tree would serve).
         """
         tokens = as_int_array(key, "key")
         self._check_namespace(extra_key)
@@ -206,7 +209,7 @@ class MambaRadixCache:
             tokens = tokens[:n]
         if n == 0:
             return MatchResult(0, array("q"), self.root, None, 0)
-        path, hit_len = self._walk(tokens, extra_key)
+        path, hit_len = self._walk(tokens, extra_key, split=not read_only)
         k = len(path)
         while k and path[k - 1].state is None:  # cut back to the deepest state
             k -= 1
@@ -219,10 +222,13 @@ class MambaRadixCache:
             branching = aligned if aligned > 0 else None
         if k == 0:
             return MatchResult(0, values, self.root, branching, hit_len)
-        self._refresh_after_match(path, k)
+        if not read_only:
+            self._refresh_after_match(path, k)
         return MatchResult(len(values), values, path[k - 1], branching, hit_len)
 
-    def _walk(self, tokens: array[int], extra_key: Any) -> tuple[list[TreeNode], int]:
+    def _walk(
+        self, tokens: array[int], extra_key: Any, split: bool = True
+    ) -> tuple[list[TreeNode], int]:
         """Descend along `tokens`; return (fully matched nodes, matched tokens
         including a partially matched last edge)."""
         page, n = self.page_size, len(tokens)
@@ -237,7 +243,7 @@ class MambaRadixCache:
             m = ln if tokens[off : off + ln] == edge else self._match_len(edge, tokens, off)
             off += m
             if m < ln:
-                if self._sglang:
+                if self._sglang and split:
                     self._split(child, m)  # upstream splits on lookup; the new node has no state
                 break
             path.append(child)

@@ -6,9 +6,13 @@ prefix cache (needs the `engine` extra):
     >>> results = eng.generate([[1, 2, 3], [1, 2, 4]], max_new_tokens=4)
     >>> results[0].output_ids, results[1].cached_tokens, eng.stats()["hit_rate"]
 
-Modules: `engine` (the scheduler and lifecycle driver), `adapter` (pools <->
-`DynamicCache` per forward), `models` (tiny presets), `workload` (multi-turn
-conversations driven by the engine's own answers).
+Modules: `engine` (`Engine`: the scheduler, the cache and the model
+together), `forward` (the scheduler's forward: one forward per prefill chunk,
+one per decode step for every decoding sequence), `adapter` (a `DynamicCache`
+reading and writing the pools), `deterministic` (the grid checkpoints of
+`deterministic=True`), `device` (device and dtype checks), `models` (tiny
+presets), `workload` (multi-turn conversations driven by the engine's own
+answers).
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 It is the project's one request driver (`mambaradix.scheduler.Scheduler`:
 SGLang's continuous batching with prefill priority, chunked prefill, admission
-budgets, retraction) with the real model as its forward (`TorchForward`) and
-the project's pools as its memory: attention K/V in a KV pool indexed by the
-lifecycle's KV indices, conv and SSM states in a `TorchStatePool`, the radix
-tree owning what is cached. Decoding is greedy.
+budgets, retraction) with the real model as its forward (`TorchForward`: one
+forward per prefill chunk, one per decode step for every decoding sequence)
+and the project's pools as its memory, on one device: attention K/V in a KV
+pool indexed by the lifecycle's KV indices, conv and SSM states in a
+`TorchStatePool`, the radix tree owning what is cached. Decoding is greedy.
 
 Strategies as in SGLang: `no_buffer` (page_size 1; a checkpoint copies the
 running state where the prefill stopped: chunk ends, the branch point and
@@ -25,6 +26,10 @@ import torch
 
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.engine.adapter import PoolAdapter
+from mambaradix.engine.checks import check_engine_args, check_generate_args
+from mambaradix.engine.deterministic import GridCheckpoints
+from mambaradix.engine.device import check_dtype, check_net, resolve_device
+from mambaradix.engine.forward import TorchForward
 from mambaradix.engine.models import build_model
 from mambaradix.lifecycle import CacheManager, Evictor, Request, lru_evictor
 from mambaradix.pools import (
@@ -35,15 +40,14 @@ from mambaradix.pools import (
 )
 from mambaradix.scheduler import (
     CheckpointPolicy,
-    DecodeStep,
-    Extend,
+    DefaultCheckpoints,
     Scheduler,
     SchedulerConfig,
     Sequence,
     SGLangCheckpoints,
 )
 
-__all__ = ["Engine", "Result"]
+__all__ = ["Engine", "Result", "TorchForward"]
 
 
 @dataclass
@@ -74,53 +78,6 @@ class NoCache(SGLangCheckpoints):
         return False
 
 
-class TorchForward:
-    """The scheduler's forward on a `PoolAdapter`: one model forward per
-    prefill extend and per decoding sequence; greedy sampling."""
-
-    def __init__(self, adapter: PoolAdapter, cache: CacheManager) -> None:
-        self.adapter, self.cache = adapter, cache
-        self.logits: dict[int, list[torch.Tensor]] = {}
-        self.forwards = 0
-
-    def _run(self, req: Request, start: int, end: int) -> torch.Tensor:
-        assert req.row is not None and req.slot is not None
-        context = self.cache.rows.read(req.row, 0, start)
-        new_kv = self.cache.rows.read(req.row, start, end)
-        self.forwards += 1
-        return self.adapter.forward(req.tokens[start:end], start, context, new_kv, req.slot)
-
-    def _sample(self, seq: Sequence, logits: torch.Tensor) -> int:
-        self.logits.setdefault(id(seq), []).append(logits.clone())
-        return int(torch.argmax(logits))
-
-    def prefill(self, batch: list[Extend]) -> list[int | None]:
-        out: list[int | None] = []
-        for e in batch:
-            req = e.seq.req
-            if e.track_at is not None and e.track_slot is not None:
-                logits = self._run(req, e.start, e.track_at)
-                assert req.slot is not None
-                self.adapter.states.copy([req.slot], [e.track_slot])
-                if e.track_at < e.end:
-                    logits = self._run(req, e.track_at, e.end)
-            else:
-                logits = self._run(req, e.start, e.end)
-            out.append(self._sample(e.seq, logits) if e.end == req.total_len else None)
-        return out
-
-    def decode(self, batch: list[DecodeStep]) -> list[int]:
-        out = []
-        for d in batch:
-            req = d.seq.req
-            logits = self._run(req, req.computed - 1, req.computed)
-            if d.track_slot is not None:
-                assert req.slot is not None
-                self.adapter.states.copy([req.slot], [d.track_slot])
-            out.append(self._sample(d.seq, logits))
-        return out
-
-
 class Engine:
     """Serve greedy generations of a hybrid `transformers` model on the cache.
 
@@ -133,6 +90,17 @@ class Engine:
     rules; checkpoints / evictor: where states are cached and what is evicted
     (default: `DefaultCheckpoints`, or SGLang's with compat="sglang"; LRU).
     The cache persists across `generate` calls.
+
+    device / dtype: where the model, the KV pool and the state pool live
+    ("cpu", "cuda", "cuda:N"; ValueError if CUDA is asked for and absent) and
+    the model's dtype (recurrent states keep the dtype the model gives them).
+    A model handed in as `net` must already be there.
+    batch_decode: every decoding sequence advances in one forward per step
+    (False: one forward per sequence). deterministic: every prefill is cut on
+    one grid of `chunk_size` positions and states are cached only there
+    (`mambaradix.engine.deterministic`), so the cache cannot change a prefill
+    computation (no_buffer strategy only). keep_logits: keep the logits of
+    every generated token in the results.
     """
 
     def __init__(
@@ -155,33 +123,51 @@ class Engine:
         checkpoints: CheckpointPolicy | None = None,
         evictor: Evictor = lru_evictor,
         sglang_rules: bool | None = None,
+        device: str | torch.device = "cpu",
+        batch_decode: bool = True,
+        deterministic: bool = False,
+        keep_logits: bool = True,
     ) -> None:
-        _check_sizes(kv_tokens, state_slots, chunk_size, max_running, page_size)
-        self.model_name = model
-        self.net = net if net is not None else build_model(model, seed, dtype, model_overrides)
-        self.prefix_cache = prefix_cache
-        self.adapter = PoolAdapter(self.net, kv_tokens, state_slots)
-        mamba_chunk = max(64, page_size)  # SGLang: max(FLA chunk 64, page_size)
-        kv = (
-            TokenKVAllocator(kv_tokens)
-            if page_size == 1
-            else PagedKVAllocator(kv_tokens, page_size)
-        )
-        self.mgr = CacheManager(
-            MambaRadixCache(page_size=page_size, chunk_size=mamba_chunk, compat=compat),
-            kv,
-            StateSlotAllocator(state_slots),
-            self.adapter.states,
-            ReqToTokenTable(max_running, (max_context or kv_tokens) + page_size),
+        check_engine_args(
+            model=model,
+            seed=seed,
+            prefix_cache=prefix_cache,
+            kv_tokens=kv_tokens,
+            state_slots=state_slots,
+            chunk_size=chunk_size,
+            max_running=max_running,
+            max_context=max_context,
+            dtype=dtype,
+            model_overrides=model_overrides,
+            page_size=page_size,
             strategy=strategy,
-            evictor=evictor,
-            sglang_rules=sglang_rules,
+            compat=compat,
+            track_interval=track_interval,
+            batch_decode=batch_decode,
+            deterministic=deterministic,
+            keep_logits=keep_logits,
         )
-        self.forward = TorchForward(self.adapter, self.mgr)
+        self.device = resolve_device(device)
+        dtype = check_dtype(dtype)
+        if net is not None:
+            check_net(net, self.device, dtype)
+        else:
+            net = build_model(model, seed, dtype, model_overrides).to(self.device)
+        self.model_name, self.net = model, net
+        self.prefix_cache, self.deterministic = prefix_cache, deterministic
+        self.adapter = PoolAdapter(self.net, kv_tokens, state_slots)
+        self.mgr = _cache_manager(
+            self.adapter, kv_tokens, state_slots, max_running, max_context, page_size,
+            strategy, compat, evictor, sglang_rules,
+        )  # fmt: skip
+        self.forward = TorchForward(self.adapter, self.mgr, batch_decode, keep_logits)
         cfg = SchedulerConfig(
-            chunk_tokens=chunk_size, max_running=max_running, track_interval=track_interval
+            chunk_tokens=chunk_size,
+            max_running=max_running,
+            track_interval=track_interval,
+            truncation_align_size=chunk_size if deterministic else None,
         )
-        policy = checkpoints if prefix_cache else NoCache()
+        policy = self._policy(checkpoints, compat, chunk_size)
         self.scheduler = Scheduler(self.mgr, self.forward, policy, cfg)
         self._stats = dict.fromkeys(
             (
@@ -196,6 +182,17 @@ class Engine:
             0,
         )
 
+    def _policy(
+        self, checkpoints: CheckpointPolicy | None, compat: str | None, grid: int
+    ) -> CheckpointPolicy:
+        if not self.prefix_cache:
+            return NoCache()
+        if checkpoints is None:
+            checkpoints = SGLangCheckpoints() if compat == "sglang" else DefaultCheckpoints()
+        if self.deterministic:
+            return GridCheckpoints(checkpoints, grid)
+        return checkpoints
+
     @property
     def vocab_size(self) -> int:
         return self.adapter.vocab_size
@@ -204,8 +201,10 @@ class Engine:
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int = 16) -> list[Result]:
         """Greedy-decode `max_new_tokens` for every prompt (token id lists),
-        batched by the scheduler. Returns one `Result` per prompt."""
-        self._check_prompts(prompts, max_new_tokens)
+        batched by the scheduler. Returns one `Result` per prompt.
+        TypeError / ValueError first for ids that are not ints in the
+        vocabulary, and for a prompt that cannot be admitted even alone."""
+        prompts = check_generate_args(self, prompts, max_new_tokens)
         if max_new_tokens == 0:
             return [Result(prompt_tokens=len(p)) for p in prompts]
         t0 = time.perf_counter()
@@ -220,19 +219,6 @@ class Engine:
                 self.scheduler.abort(seq)
             raise
         return [self._result(seq, t0) for seq in seqs]
-
-    def _check_prompts(self, prompts: list[list[int]], max_new_tokens: int) -> None:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-            raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-        if max_new_tokens < 0:
-            raise ValueError("max_new_tokens must be >= 0")
-        for p in prompts:
-            if not p:
-                raise ValueError("every prompt needs at least one token")
-            if any(isinstance(t, bool) or not isinstance(t, int) for t in p):
-                raise TypeError("prompt token ids must be ints")
-            if any(not 0 <= t < self.vocab_size for t in p):
-                raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
 
     def _result(self, seq: Sequence, t0: float) -> Result:
         s = self._stats
@@ -256,11 +242,13 @@ class Engine:
     def stats(self) -> dict[str, float]:
         """Counters since construction: requests; prompt_tokens, cached_tokens
         and computed_prefill_tokens (prompt tokens the model ran in prefill,
-        over completed admissions); decode_tokens, forwards, hit_rate (cached /
+        over completed admissions); decode_tokens, forwards (model forwards),
+        decode_forwards (those that ran decode steps), hit_rate (cached /
         prompt), evicted_kv_tokens, evicted_states, evictions (their sum),
         retractions, retracted_prefill_tokens (prefill work lost to them)."""
         s: dict[str, float] = dict(self._stats)
         s["forwards"] = self.forward.forwards
+        s["decode_forwards"] = self.forward.decode_forwards
         s["hit_rate"] = s["cached_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0.0
         s["evicted_kv_tokens"] = self.mgr.evictions["kv_tokens"]
         s["evicted_states"] = self.mgr.evictions["states"]
@@ -284,18 +272,27 @@ class Engine:
             self.mgr.slots.free(r.freed_states)
 
 
-def _check_sizes(kv: object, slots: object, chunk: object, running: object, page: object) -> None:
-    for name, value in (
-        ("kv_tokens", kv),
-        ("state_slots", slots),
-        ("chunk_size", chunk),
-        ("max_running", running),
-        ("page_size", page),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {value!r}")
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    assert isinstance(kv, int) and isinstance(page, int)
-    if kv % page:
-        raise ValueError(f"kv_tokens ({kv}) must be a multiple of page_size ({page})")
+def _cache_manager(
+    adapter: PoolAdapter,
+    kv_tokens: int,
+    state_slots: int,
+    max_running: int,
+    max_context: int | None,
+    page_size: int,
+    strategy: str,
+    compat: str | None,
+    evictor: Evictor,
+    sglang_rules: bool | None,
+) -> CacheManager:
+    mamba_chunk = max(64, page_size)  # SGLang: max(FLA chunk 64, page_size)
+    kv = TokenKVAllocator(kv_tokens) if page_size == 1 else PagedKVAllocator(kv_tokens, page_size)
+    return CacheManager(
+        MambaRadixCache(page_size=page_size, chunk_size=mamba_chunk, compat=compat),
+        kv,
+        StateSlotAllocator(state_slots),
+        adapter.states,
+        ReqToTokenTable(max_running, (max_context or kv_tokens) + page_size),
+        strategy=strategy,
+        evictor=evictor,
+        sglang_rules=sglang_rules,
+    )

@@ -9,6 +9,7 @@ takes sessions from the replay's bundled workloads.)
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConversationRun",
+    "request_sizes",
     "run_conversations",
 ]
 
@@ -38,11 +40,15 @@ class ConversationRun:
 
 
 def run_conversations(
-    engine: Engine, sessions: list[list[list[int]]], max_new_tokens: int
+    engine: Engine,
+    sessions: list[list[list[int]]],
+    max_new_tokens: int,
+    on_round: Callable[[int], None] | None = None,
 ) -> ConversationRun:
     """Serve every session turn by turn. Round t submits turn t of every
     session that has one in a single `generate` call (they interleave);
-    sessions end independently."""
+    sessions end independently. `on_round(n)` is called after each round
+    with the number of requests it served (e.g. to advance a progress bar)."""
     run = ConversationRun(results=[[] for _ in sessions], prompts=[[] for _ in sessions])
     t0 = time.perf_counter()
     rounds = max((len(s) for s in sessions), default=0)
@@ -55,5 +61,23 @@ def run_conversations(
         for s, p, r in zip(live, prompts, engine.generate(prompts, max_new_tokens), strict=True):
             run.prompts[s].append(p)
             run.results[s].append(r)
+        if on_round is not None:
+            on_round(len(prompts))
     run.seconds = time.perf_counter() - t0
     return run
+
+
+def request_sizes(
+    sessions: list[list[list[int]]], max_new_tokens: int
+) -> list[tuple[int, int, int]]:
+    """`(session, turn, prompt tokens)` of every request `run_conversations`
+    will make: turn t's prompt holds the previous prompt, the engine's answer
+    to it (exactly `max_new_tokens`: decoding is greedy with no stop token)
+    and turn t's user tokens."""
+    out = []
+    for s, users in enumerate(sessions):
+        prompt = 0
+        for t, user in enumerate(users):
+            prompt += len(user) + (max_new_tokens if t else 0)
+            out.append((s, t, prompt))
+    return out

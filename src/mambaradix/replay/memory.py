@@ -96,8 +96,7 @@ def split_pools(
     budget: int, state_fraction: float, kv_unit_bytes: int, state_bytes: int, page: int
 ) -> tuple[TokenKVAllocator | PagedKVAllocator, StateSlotAllocator]:
     """A KV pool (in units, whole pages) and a state pool from a byte budget."""
-    kv_units = int(budget * (1 - state_fraction)) // kv_unit_bytes // page * page
-    n_slots = int(budget * state_fraction) // state_bytes
+    kv_units, n_slots = split_sizes(budget, state_fraction, kv_unit_bytes, state_bytes, page)
     if kv_units < page or n_slots < 2:
         raise ValueError(
             f"{budget / 1e9:g} GB holds {kv_units} KV units and {n_slots} states: too small"
@@ -106,12 +105,25 @@ def split_pools(
     return kv, StateSlotAllocator(n_slots)
 
 
+def split_sizes(
+    budget: int, state_fraction: float, kv_unit_bytes: int, state_bytes: int, page: int
+) -> tuple[int, int]:
+    """`split_pools`' sizes: KV units (whole pages) and state slots."""
+    kv_units = int(budget * (1 - state_fraction)) // kv_unit_bytes // page * page
+    return kv_units, int(budget * state_fraction) // state_bytes
+
+
+def shared_sizes(budget: int, kv_unit_bytes: int, state_bytes: int) -> tuple[int, int]:
+    """`shared_pools`' free-list sizes (the byte budget binds first)."""
+    return max(1, budget // kv_unit_bytes), max(1, budget // state_bytes)
+
+
 def shared_pools(
     budget: int, kv_unit_bytes: int, state_bytes: int
 ) -> tuple[BudgetedKV, BudgetedSlots]:
     shared = SharedBudget(budget, kv_unit_bytes, state_bytes)
-    kv = BudgetedKV(max(1, budget // kv_unit_bytes), shared)
-    return kv, BudgetedSlots(max(1, budget // state_bytes), shared)
+    kv_units, n_slots = shared_sizes(budget, kv_unit_bytes, state_bytes)
+    return BudgetedKV(kv_units, shared), BudgetedSlots(n_slots, shared)
 
 
 def exact_pools(

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
+from mambaradix.replay.checks import check_inputs, check_paged, check_policies, policy_strategy
+from mambaradix.replay.fit import check_memory
 from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.policies import ORACLE, Marconi, make_policy
+from mambaradix.replay.policies import FIXED_ALPHA, ORACLE, Marconi, make_policy
 from mambaradix.replay.policies.constants import MARCONI_TUNING_WINDOW, ORACLE_ALPHAS
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace
-
-FIXED_ALPHA = "marconi@"
-"""`marconi@0.5`: Marconi with alpha fixed at 0.5 (no tuning): one run of the oracle."""
+from mambaradix.validate import as_bool
 
 
 def oracle_runs() -> list[str]:
@@ -43,17 +44,28 @@ def replay(
     """Run the serving model and return the metrics of one (policy, memory)
     point. `marconi-oracle` runs Marconi once per alpha of its grid. With
     `per_request`, also `request_hits`: each request's hit tokens, in trace
-    order (0 for a dropped request)."""
+    order (0 for a dropped request).
+
+    TypeError / ValueError (naming the parameter) for inputs of the wrong type,
+    an unknown policy (`policies.is_known`: ablations and `marconi@ALPHA` too),
+    a page size the policy cannot run at, or a memory point at which no request
+    of the trace fits (`fit.check_memory`)."""
+    check_inputs(trace, profile, cfg)
+    check_policies([policy_name], "policy_name")
+    as_bool(per_request, "per_request")
+    check_paged([policy_name], trace, cfg, "policy_name")
+    check_memory(trace, profile, cfg, {policy_name: policy_strategy(policy_name)})
     if policy_name == ORACLE:
-        runs = [replay(trace, profile, name, cfg, per_request) for name in oracle_runs()]
-        return oracle_result(runs)
-    if policy_name.startswith(FIXED_ALPHA):
-        policy = make_policy("marconi", alpha=float(policy_name[len(FIXED_ALPHA) :]))
-    else:
-        policy = make_policy(policy_name)
+        return oracle_result([_replay(trace, profile, n, cfg, per_request) for n in oracle_runs()])
+    return _replay(trace, profile, policy_name, cfg, per_request)
+
+
+def _replay(
+    trace: Trace, profile: ModelProfile, policy_name: str, cfg: ServingConfig, per_request: bool
+) -> dict[str, Any]:
+    policy = make_policy(policy_name)
     model = ServingModel(trace, profile, policy, cfg)
-    if isinstance(policy, Marconi):
-        policy.tuner = lambda alpha: _window_flops(model, profile, cfg, alpha)
+    attach_tuner(model)
     start = time.perf_counter()
     model.run()
     elapsed = time.perf_counter() - start
@@ -70,6 +82,13 @@ def replay(
     return out
 
 
+def attach_tuner(model: ServingModel) -> None:
+    """Marconi tunes its alpha by replaying the model's recent requests."""
+    policy = model.policy
+    if isinstance(policy, Marconi):
+        policy.tuner = lambda alpha: _window_flops(model, model.profile, model.cfg, alpha)
+
+
 def _window_flops(
     model: ServingModel, profile: ModelProfile, cfg: ServingConfig, alpha: float
 ) -> float:
@@ -84,33 +103,48 @@ def _window_flops(
 
 def metrics(model: ServingModel, policy: str, cfg: ServingConfig) -> dict[str, Any]:
     """Hit rates are over every request of the trace: a dropped request (one
-    that could never fit) counts as a miss."""
-    outs = model.outcomes
-    prompt = sum(o.input_tokens for o in outs) + sum(r.input_tokens for r in model.dropped)
+    that could never fit) counts as a miss, its prompt in the denominator.
+    TTFTs are over the served requests (None if none was)."""
+    return summarize([model], policy, cfg)
+
+
+def summarize(models: Sequence[ServingModel], policy: str, cfg: ServingConfig) -> dict[str, Any]:
+    """`metrics` of several serving models taken together (the instances of a
+    multi-instance replay, each built on the same trace): counts, evictions,
+    capacities and peaks add up (a peak is the sum of each model's own peak);
+    rates and TTFT percentiles are over every request, dropped ones counted
+    as misses (their arrival-order indices in `dropped_requests`)."""
+    outs = [o for m in models for o in m.outcomes]
+    dropped = [r for m in models for r in m.dropped]
+    index = {id(r): i for i, r in enumerate(models[0].trace.requests)}
+    dropped_prompt = sum(r.input_tokens for r in dropped)
+    prompt = sum(o.input_tokens for o in outs) + dropped_prompt
     hits = sum(o.hit_tokens for o in outs)
-    requests = len(outs) + len(model.dropped)
-    ttfts = sorted(o.ttft_s for o in outs) or [0.0]
-    ev, unit = model.cache.evictions, model.units.unit
+    requests = len(outs) + len(dropped)
+    ttfts = sorted(o.ttft_s for o in outs)
+    unit = models[0].units.unit
     return {
         "policy": policy,
         "memory_gb": cfg.memory_gb,
         "requests": requests,
         "served": len(outs),
-        "dropped": len(model.dropped),
+        "dropped": len(dropped),
+        "dropped_requests": sorted(index[id(r)] for r in dropped),
         "prompt_tokens": prompt,
+        "dropped_prompt_tokens": dropped_prompt,
         "cached_tokens": hits,
         "token_hit_rate": hits / max(1, prompt),
         "request_hit_rate": sum(1 for o in outs if o.hit_tokens) / max(1, requests),
         "kv_hit_tokens": sum(o.kv_hit_tokens for o in outs),
         "flops_saved": sum(o.flops_saved for o in outs),
-        "ttft_p50_s": statistics.median(ttfts),
-        "ttft_p95_s": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))],
+        "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
+        "ttft_p95_s": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else None,
         "retractions": sum(o.retractions for o in outs),
-        "kv_tokens_evicted": ev["kv_tokens"] * unit,
-        "states_evicted": ev["states"],
-        "peak_kv_tokens": model.peak_kv * unit,
-        "kv_capacity_tokens": model.cache.kv.capacity * unit,
-        "peak_states": model.peak_states,
-        "state_capacity": model.cache.slots.capacity,
+        "kv_tokens_evicted": sum(m.cache.evictions["kv_tokens"] for m in models) * unit,
+        "states_evicted": sum(m.cache.evictions["states"] for m in models),
+        "peak_kv_tokens": sum(m.peak_kv for m in models) * unit,
+        "kv_capacity_tokens": sum(m.cache.kv.capacity for m in models) * unit,
+        "peak_states": sum(m.peak_states for m in models),
+        "state_capacity": sum(m.cache.slots.capacity for m in models),
         "config": asdict(cfg),
     }

@@ -6,12 +6,14 @@ continuous batching with prefill priority, chunked prefill, admission budgets,
 retraction, on the core tree and the request lifecycle. Only the forward is
 virtual: a prefill batch takes its FLOPs (uncached tokens, attention over the
 cached context included) divided by the accelerator's throughput, a decode
-step `tpot` seconds per token. TTFT = queueing + prefill.
+step `tpot` seconds per token; a prefill preempts decoding at the next token
+boundary (`VirtualClock`). TTFT = queueing + prefill.
 
 Positions are trace units (a token, or a 512-token block for Mooncake). A
-decode step advances every running request by one unit; for block traces it
-stands for the trace's mean output tokens per output unit, so total decode time
-is preserved on average (a modelling approximation at block granularity).
+decode step is one token for every running request; on block traces a request
+decodes `output_tokens - 1` steps and takes a new block of KV every 512 of
+them (its output blocks spread evenly over its steps), so it holds its memory
+for as long as it would decode.
 
 Pools: a memory budget split between a KV pool and a state pool, or with
 `sequential=True` Marconi's discipline: one shared byte budget, one request at
@@ -20,12 +22,12 @@ a time, each prefilled, decoded and finished before the next starts.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager
 from mambaradix.pools import ReqToTokenTable
+from mambaradix.replay.checks import check_serving_config
 from mambaradix.replay.memory import NullStatePool, exact_pools, shared_pools, split_pools
 from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.policies import Policy, PolicyContext
@@ -66,34 +68,19 @@ class ServingConfig:
     state_slots: int | None = None
 
     def __post_init__(self) -> None:
-        _finite("memory_gb", self.memory_gb, lo=0.0)
-        if not 0 < self.state_fraction < 1 or not math.isfinite(self.state_fraction):
-            raise ValueError(f"state_fraction must lie in (0, 1), got {self.state_fraction!r}")
-        _finite("prefill_flops_per_s", self.prefill_flops_per_s, lo=0.0)
-        _finite("tpot_s", self.tpot_s, lo=0.0, inclusive=True)
-        if self.rate is not None:
-            _finite("rate", self.rate, lo=0.0)
-        for name in ("chunk_tokens", "max_running", "page_size", "track_interval"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.track_interval % self.page_size:
-            raise ValueError("track_interval must be a multiple of page_size")
-        for name in ("kv_units", "state_slots"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"{name} must be an int or None, got {value!r}")
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if (self.kv_units is None) != (self.state_slots is None):
-            raise ValueError("give both kv_units and state_slots, or neither")
+        check_serving_config(self)
 
 
-def _finite(name: str, value: object, lo: float, inclusive: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value < lo or (value == lo and not inclusive):
-        raise ValueError(f"{name} must be {'>=' if inclusive else '>'} {lo}, got {value!r}")
+def page_units(page_size: int, unit_tokens: int) -> int:
+    """The tree's page in trace units: a page of tokens on token traces; one
+    unit on block traces (blocks are whole pages; the page must divide them)."""
+    if unit_tokens == 1:
+        return page_size
+    if unit_tokens % page_size:
+        raise ValueError(
+            f"page_size {page_size} must divide the trace's {unit_tokens}-token blocks"
+        )
+    return 1
 
 
 @dataclass
@@ -131,16 +118,45 @@ class Units:
 
 
 class VirtualClock:
-    def __init__(self) -> None:
-        self.now = 0.0
+    """Virtual time. Decode steps run back to back on the accelerator; a
+    prefill batch preempts the decode step in flight at its next token
+    boundary (SGLang runs prefill first, between token steps) and delays it by
+    its own duration. `now` is when the scheduler acts; `decode_until` when the
+    decode step in flight (which began at `decode_start`) completes."""
+
+    def __init__(self, tpot_s: float) -> None:
+        self.tpot = tpot_s
+        self.now = self.decode_start = self.decode_until = 0.0
+        self.prefill_s = 0.0  # accelerator time spent prefilling, in total
 
     def __call__(self) -> float:
         return self.now
 
+    def prefill(self, seconds: float) -> None:
+        start = self.now
+        self.now += seconds
+        self.prefill_s += seconds
+        if self.decode_until > start:
+            self.decode_until += seconds
+
+    def decode(self, seconds: float) -> None:
+        self.now = self.decode_start = max(self.now, self.decode_until)
+        self.decode_until = self.now + seconds
+
+    def wait_for(self, arrival: float) -> None:
+        """Move to where the scheduler could act on `arrival`: at it if the
+        accelerator is free, else at the next token boundary of the decode
+        step in flight (or that step's end)."""
+        if arrival >= self.decode_until:
+            self.now = max(self.now, arrival)
+            return
+        steps = -(-(arrival - self.decode_start) // self.tpot) if self.tpot > 0 else 0
+        self.now = max(self.now, min(self.decode_start + steps * self.tpot, self.decode_until))
+
 
 class VirtualForward(ScriptedForward):
     """Scripted outputs; time advances by the batch's prefill FLOPs at the
-    configured throughput, or by one decode step."""
+    configured throughput, or by one decode step (`VirtualClock`)."""
 
     def __init__(
         self, profile: ModelProfile, units: Units, cfg: ServingConfig, clock: VirtualClock
@@ -154,12 +170,16 @@ class VirtualForward(ScriptedForward):
             tr = self.requests[e.seq.id]
             a, b = self.units.tokens_at(tr, e.start), self.units.tokens_at(tr, e.end)
             flops += self.profile.prefill_flops(a, b - a)
-        self.clock.now += flops / self.cfg.prefill_flops_per_s
+        self.clock.prefill(flops / self.cfg.prefill_flops_per_s)
         return super().prefill(batch)
 
     def decode(self, batch: list[DecodeStep]) -> list[int]:
-        self.clock.now += self.cfg.tpot_s * self.units.tokens_per_out_unit
+        self.clock.decode(self.cfg.tpot_s)
         return super().decode(batch)
+
+    def pass_steps(self, n: int) -> None:
+        """n decode steps with no new unit (a block trace's tokens within a block)."""
+        self.clock.decode(self.cfg.tpot_s * n)
 
 
 @dataclass
@@ -182,7 +202,7 @@ class ServingModel:
         self.units = Units(self.trace)
         self.kv_unit_bytes = self.profile.kv_bytes_per_token * self.units.unit
         self.state_bytes = self.policy.state_bytes(self.profile)
-        self.clock = VirtualClock()
+        self.clock = VirtualClock(self.cfg.tpot_s)
         self.cache = self._build_cache()
         self.forward = VirtualForward(self.profile, self.units, self.cfg, self.clock)
         self.scheduler = Scheduler(
@@ -197,20 +217,9 @@ class ServingModel:
 
     # ----------------------------------------------------------------- setup
 
-    def _page_units(self) -> int:
-        """The tree's page in units: a page of tokens on token traces; one unit
-        on block traces (blocks are whole pages)."""
-        page = self.cfg.page_size
-        if self.units.unit == 1:
-            return page
-        if self.units.unit % page:
-            raise ValueError(
-                f"page_size {page} must divide the trace's {self.units.unit}-token blocks"
-            )
-        return 1
-
     def _build_cache(self) -> CacheManager:
-        page, budget = self._page_units(), int(self.cfg.memory_gb * 1e9)
+        page = page_units(self.cfg.page_size, self.units.unit)
+        budget = int(self.cfg.memory_gb * 1e9)
         strategy = self.policy.strategy
         if page > 1 and strategy == "no_buffer":
             raise ValueError(
@@ -274,22 +283,48 @@ class ServingModel:
 
     def run(self) -> None:
         reqs, times = self.trace.requests, self.arrival_times()
-        sched, i = self.scheduler, 0
-        while i < len(reqs) or sched.busy:
+        i = 0
+        while i < len(reqs) or self.scheduler.busy:
+            if i < len(reqs) and self.wakes_for(times[i]):
+                self.clock.wait_for(times[i])
             while i < len(reqs) and times[i] <= self.clock.now:
-                self._submit(i, reqs[i], times[i])
+                self.submit(i, times[i])
                 i += 1
-            if not sched.busy:
-                self.clock.now = times[i]
-                continue
-            if sched.step() == STALLED:
-                self._drop(sched.waiting[0])
-            self._track_peaks()
+            if self.scheduler.busy:
+                self.step()
+        self.settle()
+
+    # The pieces of `run()`, also driven one by one by the multi-instance replay.
+
+    def wakes_for(self, arrival: float) -> bool:
+        """Whether the scheduler moves its clock to act on `arrival`: it is
+        idle, or the arrival falls inside the decode step in flight."""
+        return not self.scheduler.busy or arrival < self.clock.decode_until
+
+    def submit(self, i: int, at: float) -> None:
+        """Queue trace request `i`, arrived at `at`."""
+        self._submit(i, self.trace.requests[i], at)
+
+    def step(self) -> str:
+        """One scheduler step; a request that can never run is dropped."""
+        kind = self.scheduler.step()
+        if kind == STALLED:
+            self._drop(self.scheduler.waiting[0])
+        self._track_peaks()
+        return kind
+
+    def settle(self) -> None:
+        """After the last step: requests neither finished nor dropped were
+        aborted by the scheduler (out of memory even alone while decoding);
+        they were never served, so they are dropped too, not lost."""
+        self.dropped += self.forward.requests.values()
+        self.forward.requests.clear()
 
     def _submit(self, i: int, tr: TraceRequest, at: float) -> None:
         n_out = max(1, len(tr.output_units))
         script = tr.output_units if len(tr.output_units) else tr.input_units[-1:]
-        seq = Sequence(tr.input_units, n_out, script=script, id=i, arrival=at)
+        steps = max(n_out - 1, tr.output_tokens - 1) if self.units.unit > 1 else None
+        seq = Sequence(tr.input_units, n_out, script=script, id=i, arrival=at, decode_steps=steps)
         self.forward.requests[i] = tr
         self.scheduler.submit(seq)
 

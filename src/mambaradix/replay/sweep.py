@@ -4,23 +4,37 @@ processes, plus the bound; as JSON-ready data, a table and a plot."""
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any
 
 from mambaradix.replay.bound import bound_token_hit_rate
+from mambaradix.replay.cells import Cell, build_cells, row_key, run_cell
+from mambaradix.replay.checks import (
+    check_inputs,
+    check_paged,
+    check_policies,
+    check_reals,
+    check_workers,
+    policy_strategy,
+)
+from mambaradix.replay.cluster import ClusterSpec
+from mambaradix.replay.executors import run_on
+from mambaradix.replay.fit import check_memory
+from mambaradix.replay.forked import run_forked
 from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.policies import ORACLE
-from mambaradix.replay.run import FIXED_ALPHA, oracle_result, oracle_runs, replay
+from mambaradix.replay.progress import Counter, counter
 from mambaradix.replay.serving import ServingConfig
+from mambaradix.replay.shards import Shard, shard_header
 from mambaradix.replay.trace import Trace
 
 _WORK: tuple[Trace, ModelProfile] | None = None  # inherited by forked workers
 
 
-def _one(policy: str, cfg: ServingConfig) -> dict[str, Any]:
+def _one(cell: Cell) -> dict[str, Any]:
     assert _WORK is not None
-    return replay(_WORK[0], _WORK[1], policy, cfg)
+    return run_cell(_WORK, cell)
 
 
 def sweep(
@@ -32,27 +46,43 @@ def sweep(
     workers: int | None = None,
     progress: bool = True,
     state_fractions: list[float] | None = None,
+    executor: Executor | None = None,
+    shard: Shard | None = None,
+    routers: list[str] | None = None,
+    cluster: ClusterSpec | None = None,
 ) -> dict[str, Any]:
     """Every (state fraction, memory, policy) point; several state fractions
-    sweep the split of memory between the KV pool and the state pool."""
-    global _WORK
-    _WORK = (trace, profile)
-    fractions = state_fractions or [base.state_fraction]
-    points = [
-        (p, replace(base, memory_gb=m, state_fraction=f))
-        for f in fractions
-        for m in memories
-        for p in policies
-    ]
-    jobs = [(run, cfg) for p, cfg in points for run in (oracle_runs() if p == ORACLE else [p])]
-    results = _combine_oracle(run_jobs(jobs, workers, _bar(len(jobs), progress)))
-    order = {(p, c.memory_gb, c.state_fraction): i for i, (p, c) in enumerate(points)}
+    sweep the split of memory between the KV pool and the state pool. With
+    `routers` and `cluster`, every router too, over `cluster.instances`
+    instances. `executor` runs the cells (default: forked processes);
+    `shard` runs only its share of them (`shards.py`).
+
+    Checks every argument first (TypeError / ValueError naming it), including
+    that each memory point holds at least one request of the trace. Ctrl-C
+    (KeyboardInterrupt) terminates the worker processes before it propagates."""
+    cells = _cells(trace, profile, policies, memories, base, state_fractions, routers, cluster)
+    points = shard.select(cells) if shard is not None else cells
+    workers = check_workers(workers) or min(len(points), os.cpu_count() or 1)
+    bound = bound_token_hit_rate(trace)
+    bar = counter(len(points), "replay", "run", show=progress)
+    try:
+        results = _run(points, trace, profile, min(workers, len(points)), bar, executor)
+    finally:
+        bar.close()
+    order = {cell.key: i for i, cell in enumerate(points)}
     for r in results:
         r["state_fraction"] = r["config"]["state_fraction"]
-    results.sort(key=lambda r: order[(r["policy"], r["memory_gb"], r["state_fraction"])])
-    bound = bound_token_hit_rate(trace)
-    for r in results:
         r["share_of_bound"] = r["token_hit_rate"] / bound if bound else 0.0
+    results.sort(key=lambda r: order[row_key(r)])
+    data = _data(trace, profile, bound, results)
+    if shard is not None:
+        data.update(shard_header(trace, profile, cells, shard))
+    return data
+
+
+def _data(
+    trace: Trace, profile: ModelProfile, bound: float, results: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {
         "trace": {
             "name": trace.name,
@@ -71,65 +101,70 @@ def sweep(
     }
 
 
-def run_jobs(jobs: list[tuple[str, ServingConfig]], workers: int | None, bar: Any) -> list[Any]:
-    """Every (policy run, config) job of the trace and model in `_WORK`, in
-    parallel processes (forked: they inherit the trace)."""
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
-    results: list[dict[str, Any]] = []
-    if workers <= 1:
-        for p, cfg in jobs:
-            results.append(_one(p, cfg))
-            bar.update(1)
-    else:
-        import multiprocessing as mp
-
-        ctx = mp.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            futures = [pool.submit(_one, p, cfg) for p, cfg in jobs]
-            for f in as_completed(futures):
-                results.append(f.result())
-                bar.update(1)
-    bar.close()
-    return results
-
-
-def _combine_oracle(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fold the fixed-alpha runs of each point into one `marconi-oracle` result."""
-    out = [r for r in results if not r["policy"].startswith(FIXED_ALPHA)]
-    groups: dict[tuple[float, float], list[dict[str, Any]]] = {}
-    for r in results:
-        if r["policy"].startswith(FIXED_ALPHA):
-            key = (r["memory_gb"], r["config"]["state_fraction"])
-            groups.setdefault(key, []).append(r)
-    return out + [oracle_result(runs) for runs in groups.values()]
+def _cells(
+    trace: Trace,
+    profile: ModelProfile,
+    policies: list[str],
+    memories: list[float],
+    base: ServingConfig,
+    state_fractions: list[float] | None,
+    routers: list[str] | None,
+    cluster: ClusterSpec | None,
+) -> list[Cell]:
+    """The checked sweep cells, in table order (fraction, memory, router, policy).
+    With a cluster, each instance has `memory` of its own: the same checks hold."""
+    check_inputs(trace, profile, base)
+    policies = check_policies(policies)
+    if cluster is not None and ORACLE in policies:
+        raise ValueError(f"policies: {ORACLE} (a run per alpha) is not run over instances")
+    check_paged(policies, trace, base, "policies")
+    strategies = {p: policy_strategy(p) for p in policies}
+    memories = check_reals(memories, "memories", low=0)
+    fractions = [base.state_fraction]
+    if state_fractions is not None:
+        fractions = check_reals(state_fractions, "state_fractions", low=0, high=1)
+    for f in fractions:
+        for m in memories:
+            cfg = replace(base, memory_gb=m, state_fraction=f)
+            check_memory(trace, profile, cfg, strategies, "memories")
+    return build_cells(policies, memories, base, fractions, routers, cluster)
 
 
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _bar(total: int, show: bool) -> Any:
-    if not show:
-        return _NoBar()
+def _run(
+    points: list[Cell],
+    trace: Trace,
+    profile: ModelProfile,
+    workers: int,
+    bar: Counter,
+    executor: Executor | None,
+) -> list[dict[str, Any]]:
+    global _WORK
+    _WORK = (trace, profile)
     try:
-        from tqdm import tqdm
-    except ImportError:  # the replay extra is optional for library use
-        return _NoBar()
-    return tqdm(total=total, desc="replay", unit="run")
+        if executor is not None:
+            return run_on(executor, _WORK, points, lambda: bar.update(1))
+        if workers <= 1:
+            results = []
+            for cell in points:
+                results.append(_one(cell))
+                bar.update(1)
+            return results
+        return run_forked(_one, points, workers, lambda: bar.update(1))
+    finally:
+        _WORK = None
 
 
 def table(data: dict[str, Any]) -> str:
-    """The results as a fixed-width table, one row per (memory, policy)."""
+    """The results as a fixed-width table, one row per (memory, policy). Hit
+    rates are over all requests: `dropped` ones (never served) count as misses."""
+    w = max([12] + [len(r["policy"]) for r in data["results"]])
     head = (
-        f"{'memory':>7} {'policy':<12} {'tok hit':>8} {'of bound':>8} {'req hit':>8} "
-        f"{'PFLOP saved':>11} {'TTFT p50':>9} {'TTFT p95':>9} {'KV evict':>10} {'st evict':>8}"
+        f"{'memory':>7} {'policy':<{w}} {'tok hit':>8} {'of bound':>8} {'req hit':>8} "
+        f"{'dropped':>7} {'PFLOP saved':>11} {'TTFT p50':>9} {'TTFT p95':>9} "
+        f"{'KV evict':>11} {'st evict':>8}"
     )
     lines = [
-        f"trace {data['trace']['name']}: {data['trace']['requests']} requests, "
+        f"trace {data['trace']['name']}: {data['trace']['requests']:,} requests, "
         f"{data['trace']['prompt_tokens']:,} prompt tokens; model {data['model']['name']}; "
         f"bound (unlimited memory, a state everywhere): {data['bound']['token_hit_rate']:.1%}",
         head,
@@ -141,18 +176,42 @@ def table(data: dict[str, Any]) -> str:
         if several and r["state_fraction"] != shown:
             shown = r["state_fraction"]
             lines.append(f"  state pool {shown:.0%} of memory:")
-        lines.append(
-            f"{r['memory_gb']:>5g}GB {r['policy']:<12} {r['token_hit_rate']:>8.1%} "
-            f"{r['share_of_bound']:>8.1%} {r['request_hit_rate']:>8.1%} "
-            f"{r['flops_saved'] / 1e15:>11.1f} "
-            f"{r['ttft_p50_s']:>8.3f}s {r['ttft_p95_s']:>8.3f}s {r['kv_tokens_evicted']:>10,} "
-            f"{r['states_evicted']:>8,}"
-        )
+        lines.append(_row(r, w))
     return "\n".join(lines)
 
 
+def _seconds(x: float | None) -> str:
+    return f"{'-':>9}" if x is None else f"{x:>8.3f}s"
+
+
+def _row(r: dict[str, Any], w: int) -> str:
+    return (
+        f"{r['memory_gb']:>5g}GB {r['policy']:<{w}} {r['token_hit_rate']:>8.1%} "
+        f"{r['share_of_bound']:>8.1%} {r['request_hit_rate']:>8.1%} {r['dropped']:>7,} "
+        f"{r['flops_saved'] / 1e15:>11.1f} {_seconds(r['ttft_p50_s'])} "
+        f"{_seconds(r['ttft_p95_s'])} {r['kv_tokens_evicted']:>11,} {r['states_evicted']:>8,}"
+    )
+
+
+def _mark_dropped(ax: Any, results: list[dict[str, Any]]) -> None:
+    """A black cross on every point at which some requests were dropped."""
+    hit = [r for r in results if r["dropped"]]
+    if hit:
+        ax.scatter(
+            [r["memory_gb"] for r in hit],
+            [r["token_hit_rate"] for r in hit],
+            marker="x",
+            s=70,
+            color="black",
+            zorder=5,
+            label="requests dropped (counted as misses)",
+        )
+
+
 def plot(data: dict[str, Any], path: str) -> None:
-    """Token hit rate against memory, one line per policy, the bound as a line."""
+    """Token hit rate against memory, one line per policy, the bound as a line;
+    a cross marks the points at which requests were dropped. The format
+    follows `path`'s extension."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,6 +231,7 @@ def plot(data: dict[str, Any], path: str) -> None:
                 label=label,
                 linewidth=2.5 if p == "mambaradix" else 1.5,
             )
+    _mark_dropped(ax, data["results"])
     ax.axhline(
         data["bound"]["token_hit_rate"],
         color="black",

@@ -4,6 +4,7 @@ forward (a real model, virtual time or a stand-in)."""
 
 from __future__ import annotations
 
+from mambaradix.scheduler.budget import admission_need, fits_alone, slots_alone
 from mambaradix.scheduler.checkpoints import (
     CHUNK,
     DECODED,
@@ -47,4 +48,7 @@ __all__ = [
     "SchedulerConfig",
     "ScriptedForward",
     "Sequence",
+    "admission_need",
+    "fits_alone",
+    "slots_alone",
 ]

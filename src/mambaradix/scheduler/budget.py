@@ -17,6 +17,17 @@ reaches the total budget, checked before and after locking its matched path
 (locking makes that path unevictable). Our departure: a request may also stop
 early at a checkpoint stop its policy planned (no_buffer), and then continues
 like a truncated one.
+
+With `align` (SchedulerConfig.truncation_align_size, SGLang's
+`truncation_align_size` for deterministic inference) positions are cut on a
+grid of `align` tokens: a truncated extend ends on a multiple of `align`, and
+a request that would get less than that waits for the next batch (SGLang:
+`trunc_len < truncation_align_size` -> OTHER). Departures, so that a cached
+and an uncached run compute the same chunks: the grid is on absolute
+positions (SGLang aligns the extend length, the same when the prefix is
+aligned), it applies to continuing requests and to planned stops too (a stop
+off the grid is ignored), and an extend never crosses a grid point (it ends
+at the first multiple of `align` after its start, or at the prompt end).
 """
 
 from __future__ import annotations
@@ -30,6 +41,30 @@ from mambaradix.scheduler.sequence import Sequence
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
 
 
+def admission_need(extend: int, max_new: int, page: int) -> int:
+    """What a request must stay strictly below the total budget with: the
+    tokens it extends, its remaining output (clipped at 4096) and one page."""
+    return extend + min(max(max_new, 0), CLIP_MAX_NEW_TOKENS) + page
+
+
+def fits_alone(prompt: int, max_new: int, page: int, kv_capacity: int) -> bool:
+    """Whether a request of `prompt` tokens generating `max_new` more can run
+    at all in a KV pool of `kv_capacity` tokens: alone, with everything cached
+    evictable (its matched prefix is locked, so it drops out of both sides of
+    the admission test), and its last token's page held when decoding ends
+    (which only binds when `max_new` exceeds the 4096 clip)."""
+    last = prompt + max(max_new, 1) - 1
+    held = -(-last // page) * page
+    return admission_need(prompt, max_new, page) < kv_capacity and held <= kv_capacity
+
+
+def slots_alone(track_slots: int, reuses: bool = True) -> int:
+    """State slots a request holds while it runs alone: its running state,
+    extra_buffer's `track_slots` and, when it reuses a cached state, that
+    state too (locked while its copy is staged)."""
+    return 1 + track_slots + reuses
+
+
 class PrefillBudget:
     def __init__(
         self,
@@ -38,9 +73,11 @@ class PrefillBudget:
         ratio: float,
         chunk_tokens: int | None,
         max_prefill_tokens: int,
+        align: int | None = None,
     ) -> None:
         self.cache = cache
         self.page = cache.page_size
+        self.align = align
         self.rem_chunk = chunk_tokens
         self.rem_input = max_prefill_tokens
         self.total_offset = sum(min(s.remaining_new, CLIP_MAX_NEW_TOKENS) for s in running) * ratio
@@ -78,12 +115,19 @@ class PrefillBudget:
             self.rem_chunk -= extend
 
     def _cap(self, seq: Sequence, n: int) -> int:
-        """n, cut at the sequence's next planned stop."""
+        """n, cut at the sequence's next planned stop, and on the grid."""
         req = seq.req
+        a = self.align
         for stop in seq.stops:
-            if stop > req.computed:
-                return min(n, stop - req.computed)
-        return n
+            if stop > req.computed and (a is None or stop % a == 0):
+                n = min(n, stop - req.computed)
+                break
+        if a is None:
+            return n
+        end = min(req.computed + n, (req.computed // a + 1) * a)  # never cross a grid point
+        if end < req.total_len:
+            end = end // a * a  # a truncated extend ends on the grid
+        return max(end - req.computed, 0)
 
     # ---------------------------------------------------------------- adding
 
@@ -115,8 +159,7 @@ class PrefillBudget:
         or OTHER; the request was added iff it is the last of `self.batch`."""
         req = seq.req
         want = req.total_len - req.computed
-        max_new = min(max(seq.remaining_new, 0), CLIP_MAX_NEW_TOKENS)
-        need = want + max_new + self.page
+        need = admission_need(want, seq.remaining_new, self.page)
         if need >= self.rem_total():
             return NO_TOKEN
         if self.rem_chunk is None and self.batch and self._paged(want) >= self.rem_input:
@@ -135,7 +178,11 @@ class PrefillBudget:
             self.cache.unlock(req)
             return OTHER
         trunc = (trunc + req.computed) // self.page * self.page - req.computed
-        self._add(seq, self._cap(seq, trunc), 0)
+        n = self._cap(seq, trunc)
+        if n <= 0:  # only with a grid: less than reaches the next grid point
+            self.cache.unlock(req)
+            return OTHER
+        self._add(seq, n, 0)
         return self.state()
 
     def _add(self, seq: Sequence, n: int, max_new: int) -> None:

@@ -25,6 +25,9 @@ class SchedulerConfig:
         each running request's remaining output reserved at admission).
     track_interval: `--mamba-track-interval` (extra_buffer: a state is
         tracked during decode whenever the sequence length is a multiple).
+    truncation_align_size: SGLang's knob of that name (deterministic
+        inference): prefill extends are cut on a grid of this many tokens.
+        None (default): no grid. See `PrefillBudget` for the rule.
     """
 
     chunk_tokens: int | None = 8192
@@ -32,6 +35,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = 16384
     conservativeness: float = 1.0
     track_interval: int = 256
+    truncation_align_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_tokens is not None:
@@ -39,6 +43,14 @@ class SchedulerConfig:
         _positive("max_running", self.max_running)
         _positive("max_prefill_tokens", self.max_prefill_tokens)
         _positive("track_interval", self.track_interval)
+        align = self.truncation_align_size
+        if align is not None:
+            _positive("truncation_align_size", align)
+            if self.chunk_tokens is not None and align > self.chunk_tokens:
+                raise ValueError(
+                    f"truncation_align_size ({align}) must be <= chunk_tokens "
+                    f"({self.chunk_tokens}): no truncated chunk could reach the grid"
+                )
         c = self.conservativeness
         if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
             raise ValueError(f"conservativeness must be a finite number >= 0, got {c!r}")

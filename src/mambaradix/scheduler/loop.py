@@ -180,7 +180,12 @@ class Scheduler:
             return []
         cfg = self.config
         budget = PrefillBudget(
-            self.cache, self.running, self.ratio.current, cfg.chunk_tokens, cfg.max_prefill_tokens
+            self.cache,
+            self.running,
+            self.ratio.current,
+            cfg.chunk_tokens,
+            cfg.max_prefill_tokens,
+            cfg.truncation_align_size,
         )
         waiting_turn = [seq for seq in self.prefilling if not budget.add_continuing(seq)]
         for seq in list(self.waiting):
@@ -304,33 +309,60 @@ class Scheduler:
         if self._finished_since_decode:
             self._finished_since_decode = False
             self.batch_is_full = False
-        reqs = [s.req for s in self.running]
-        if not self.cache.decode_fits(reqs):
+        if self._skip_quiet_steps():
+            return
+        if not self.cache.decode_fits([s.req for s in self.running if s.token_due()]):
             self._retract()
         else:
             self.ratio.decay_step()
         if not self.running:
             return
-        if not self.cache.alloc_decode([s.req for s in self.running]):
+        due = [s for s in self.running if s.token_due()]
+        if due and not self.cache.alloc_decode([s.req for s in due]):
             # Not after a fitting check_decode_mem in SGLang (it would crash);
             # here (an allocator failing) the step is skipped and one request
             # goes back to the queue, so memory is returned and nothing leaks.
             self._retract_one()
             return
-        steps = [DecodeStep(s, self._decode_track_slot(s)) for s in self.running]
-        tokens = self.forward.decode(steps)
+        steps = [DecodeStep(s, self._decode_track_slot(s)) for s in due]
+        tokens = self.forward.decode(steps) if steps else self._pass_steps(1)
         self.forwards[DECODE] += 1
         for step, token in zip(steps, tokens, strict=True):
-            seq = step.seq
             if step.track_slot is not None:
-                self.cache.track(seq.req, seq.req.computed)
-            seq.req.output_ids.append(token)
+                self.cache.track(step.seq.req, step.seq.req.computed)
+            step.seq.req.output_ids.append(token)
+        for seq in list(self.running):
+            seq.steps_done += 1
             if seq.done:
                 self.running.remove(seq)
                 self._finish(seq)
                 self._finished_since_decode = True
-            elif self._decode_checkpoint(seq):
+            elif seq in due and self._decode_checkpoint(seq):
                 self._checkpoint(seq, DECODED)
+
+    def _skip_quiet_steps(self) -> bool:
+        """Steps in which no running sequence generates a token or ends (only
+        when `decode_steps` exceeds the tokens to generate) pass at once, as
+        one step of their own: the caller may act (admit, prefill) at any token
+        boundary inside them before the next step that generates. True if
+        steps passed."""
+        quiet = min(s.steps_to_event() for s in self.running) - 1
+        if quiet <= 0:
+            return False
+        for seq in self.running:
+            seq.steps_done += quiet
+        for _ in range(quiet):
+            self.ratio.decay_step()
+        self._pass_steps(quiet)
+        return True
+
+    def _pass_steps(self, n: int) -> list[int]:
+        """Tell the forward that n decode steps passed with no token to compute
+        (a virtual clock advances; a real model has nothing to run)."""
+        pass_steps = getattr(self.forward, "pass_steps", None)
+        if pass_steps is not None:
+            pass_steps(n)
+        return []
 
     def _decode_checkpoint(self, seq: Sequence) -> bool:
         every = self.checkpoints.decode_interval
@@ -350,13 +382,13 @@ class Scheduler:
             self.running, key=lambda s: (len(s.outputs), -len(s.req.input_ids)), reverse=True
         )
         first = True
-        while first or not self.cache.decode_fits([s.req for s in order]):
+        while first or not self.cache.decode_fits([s.req for s in order if s.token_due()]):
             if len(order) == 1:
                 break
             first = False
             self._requeue(order.pop())
             self.cache.evict_kv_for(len(order) * RETRACT_DECODE_STEPS)
-        if len(order) == 1 and not self.cache.decode_fits([order[0].req]):
+        if len(order) == 1 and not self.cache.decode_fits([s.req for s in order if s.token_due()]):
             self._drop(order.pop())  # out of memory even alone (SGLang aborts it)
         self.running = [s for s in self.running if s in order]
         decoded = sum(len(s.outputs) for s in self.running)
@@ -401,6 +433,11 @@ def _check_config(cache: CacheManager, cfg: SchedulerConfig) -> None:
     if cfg.chunk_tokens is not None and cfg.chunk_tokens % page:
         raise ValueError(
             f"chunk_tokens ({cfg.chunk_tokens}) must be a multiple of the page size ({page})"
+        )
+    align = cfg.truncation_align_size
+    if align is not None and align % page:
+        raise ValueError(
+            f"truncation_align_size ({align}) must be a multiple of the page size ({page})"
         )
     if cache.extra_buffer and cfg.track_interval % cache.page_size:
         raise ValueError(

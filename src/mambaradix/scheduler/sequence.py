@@ -25,12 +25,19 @@ class Sequence:
     generated tokens survive a retraction, after which input + output is
     prefilled again). Statistics are of the admission whose prefill
     completed: `cached_tokens` of `prompt_tokens` came from the cache.
+
+    `decode_steps` (default `max_new_tokens - 1`, one decode step per token
+    after the first) may be larger when a position stands for several tokens
+    (the replay's block traces): the sequence then decodes that many steps,
+    producing its positions evenly spread over them, and holds its memory the
+    whole time.
     """
 
     prompt: array[int]
     max_new_tokens: int
     extra_key: Hashable | None = None
     script: array[int] | None = None  # the tokens to generate, for stand-in forwards
+    decode_steps: int | None = None  # decode steps after the first token (see below)
     id: int = 0
     arrival: float = 0.0
     req: Request = field(init=False)
@@ -46,6 +53,7 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     admitted_len: int = 0  # total_len when the current admission matched
+    steps_done: int = 0  # decode steps run so far
     to_finish: bool = False  # aborted while decoding (SGLang rules): finish after one more step
 
     def __post_init__(self) -> None:
@@ -57,6 +65,8 @@ class Sequence:
             raise ValueError("a sequence needs at least one prompt token")
         if self.script is not None and len(self.script) < self.max_new_tokens:
             raise ValueError("script must hold at least max_new_tokens tokens")
+        if self.decode_steps is not None and self.decode_steps < self.max_new_tokens - 1:
+            raise ValueError("decode_steps must be at least max_new_tokens - 1")
         self.req = Request(array("q", self.prompt), self.extra_key)
 
     @property
@@ -64,8 +74,37 @@ class Sequence:
         return self.req.output_ids
 
     @property
+    def total_steps(self) -> int:
+        return self.max_new_tokens - 1 if self.decode_steps is None else self.decode_steps
+
+    @property
     def done(self) -> bool:
-        return self.to_finish or len(self.req.output_ids) >= self.max_new_tokens
+        produced = len(self.req.output_ids) >= self.max_new_tokens
+        return self.to_finish or (produced and self.steps_done >= self.total_steps)
+
+    def _produced_after(self, steps: int) -> int:
+        """Tokens generated once `steps` decode steps ran (evenly spread)."""
+        total = self.total_steps
+        if total == 0:
+            return self.max_new_tokens
+        return 1 + steps * (self.max_new_tokens - 1) // total
+
+    def token_due(self) -> bool:
+        """Does the next decode step generate a token? (Always, unless
+        `decode_steps` exceeds the tokens to generate.)"""
+        if self.to_finish:
+            return True
+        return self._produced_after(self.steps_done + 1) > len(self.req.output_ids)
+
+    def steps_to_event(self) -> int:
+        """Decode steps until one generates a token or the sequence ends."""
+        if self.to_finish:
+            return 1  # it decodes one more token and ends
+        made, extra, total = len(self.req.output_ids), self.max_new_tokens - 1, self.total_steps
+        if made >= self.max_new_tokens or extra == 0:
+            return max(1, total - self.steps_done)
+        at = -(-made * total // extra)  # first step count with `made + 1` tokens
+        return max(1, min(at, total) - self.steps_done)
 
     @property
     def remaining_new(self) -> int:

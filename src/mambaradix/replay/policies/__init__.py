@@ -57,15 +57,37 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 SINGLE_RUN = [p for p in POLICIES if p != ORACLE]
 """The policies that cost one run per point (all but `marconi-oracle`)."""
 
+FIXED_ALPHA = "marconi@"
+"""`marconi@0.5`: Marconi with alpha fixed at 0.5 (no tuning): one run of the oracle."""
+
+
+def fixed_alpha(name: str) -> float | None:
+    """The alpha of a `marconi@ALPHA` name (a finite number >= 0), else None."""
+    if not name.startswith(FIXED_ALPHA):
+        return None
+    try:
+        alpha = float(name[len(FIXED_ALPHA) :])
+    except ValueError:
+        return None
+    return alpha if 0 <= alpha < float("inf") else None
+
+
+def is_known(name: str) -> bool:
+    """A name `make_policy` builds, or `marconi-oracle`: a key of POLICIES, an
+    ablation of ours (`ABLATIONS`) or Marconi at a fixed alpha (`marconi@0.5`)."""
+    return name in POLICIES or name in ABLATIONS or fixed_alpha(name) is not None
+
 
 def make_policy(name: str, **kwargs: Any) -> Policy:
-    """The policy called `name`: a key of POLICIES, or an ablation of ours
-    (`mambaradix/without-X`, see `ABLATIONS`). `marconi-oracle` is not one
+    """The policy called `name` (`is_known`). `marconi-oracle` is not one
     policy: ask `mambaradix.replay.run.replay` for it."""
     if name == ORACLE:
         raise ValueError(f"{ORACLE} is a set of runs, one per alpha: use replay() or sweep()")
     if name in ABLATIONS:
         return MambaRadix(**ABLATIONS[name], **kwargs)
+    alpha = fixed_alpha(name)
+    if alpha is not None:
+        return Marconi(alpha=alpha, **kwargs)
     if name not in POLICIES:
         raise KeyError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     return POLICIES[name](**kwargs)
@@ -76,6 +98,7 @@ __all__ = [
     "CHUNK",
     "DECODED",
     "FINISH",
+    "FIXED_ALPHA",
     "ORACLE",
     "POLICIES",
     "PROMPT_END",
@@ -93,5 +116,7 @@ __all__ = [
     "VLLM",
     "VLLMAll",
     "evict_in_order",
+    "fixed_alpha",
+    "is_known",
     "make_policy",
 ]

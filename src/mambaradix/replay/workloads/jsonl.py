@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
+from ..progress import track
 from ..trace import Trace, TraceRequest
 from ._io import Fields, PathLike, TraceFormatError, first_record, json_lines, open_text
 from .mooncake import load_mooncake
@@ -30,7 +31,7 @@ def load_jsonl(path: PathLike, *, name: str | None = None) -> Trace:
     Raises TraceFormatError (a ValueError) naming the line of a malformed record.
     """
     requests = []
-    for line, obj in json_lines(path):
+    for line, obj in track(json_lines(path), f"loading {Path(path).name}", unit=" lines"):
         f = Fields(path, line, obj)
         inp = f.int_array("input_tokens", nonempty=True)
         out = f.int_array("output_tokens", nonempty=False)

@@ -24,6 +24,7 @@ from array import array
 from pathlib import Path
 from typing import NamedTuple
 
+from ..progress import track
 from ..trace import Trace, TraceRequest
 from ._io import Fields, PathLike, TraceFormatError, data_file, json_lines
 
@@ -79,7 +80,7 @@ def load_mooncake(
     if block_tokens < 1:
         raise ValueError("block_tokens must be >= 1")
     rows: list[_Row] = []
-    for line, obj in json_lines(path):
+    for line, obj in track(json_lines(path), f"loading {Path(path).name}", unit=" lines"):
         if limit is not None and len(rows) >= limit:
             break
         rows.append(_parse_row(path, line, obj, block_tokens, check_lengths))

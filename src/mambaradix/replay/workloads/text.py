@@ -26,6 +26,7 @@ from array import array
 from collections.abc import Sequence
 from typing import TypeAlias
 
+from ..progress import track
 from ..trace import Trace, TraceRequest
 from ._io import PathLike
 from .arrivals import chain_times, start_times
@@ -65,6 +66,14 @@ def conversation_calls(
             break
         calls.append((enc.tokens[:start], enc.tokens[start:end]))
     return calls
+
+
+def _tokenize(
+    name: str, convs: Sequence[Conversation], tok: ChatTokenizer, max_prompt_tokens: int | None
+) -> list[list[Call]]:
+    """Every conversation's calls, with a progress bar when bars are on."""
+    todo = track(convs, f"tokenizing {name}", len(convs), " conversations")
+    return [conversation_calls(c, tok, max_prompt_tokens) for c in todo]
 
 
 def _requests(
@@ -132,7 +141,7 @@ def _synthetic_trace(
     max_prompt_tokens: int | None,
 ) -> Trace:
     tok = chat_tokenizer()
-    calls = [conversation_calls(c, tok, max_prompt_tokens) for c in convs]
+    calls = _tokenize(name, convs, tok, max_prompt_tokens)
     times = synthetic_schedule(
         [[len(out) for _, out in cs] for cs in calls],
         random.Random(f"{name}:{seed}"),
@@ -236,7 +245,7 @@ def load_chitchat(
     """
     tok = chat_tokenizer()
     convs = chitchat_conversations(n, path)
-    calls = [conversation_calls(c, tok, max_prompt_tokens) for c in convs]
+    calls = _tokenize("chitchat", convs, tok, max_prompt_tokens)
     real = [list(c.times or ())[: len(cs)] for c, cs in zip(convs, calls, strict=True)]
     times = real_schedule(real, window_s=window_s, max_gap_s=max_gap_s)
     timestamps = (

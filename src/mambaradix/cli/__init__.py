@@ -1,0 +1,74 @@
+"""Command line: `mambaradix replay` (the main job), `mambaradix engine`,
+`mambaradix demo`, `mambaradix index` and `mambaradix merge`.
+
+Every command checks all of its input before it starts any work. Exit codes:
+0 done; 1 the run failed (e.g. it served nothing); 2 bad input (one line on
+stderr naming the option); 130 interrupted (Ctrl-C). No traceback is printed
+unless `--debug` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from mambaradix.cli import demo, engine, replay
+from mambaradix.cli.checks import Parser, UsageError
+from mambaradix.index.cli import add_parser as add_index_parser
+from mambaradix.replay.cluster_cli import add_merge_parser
+
+__all__ = ["main"]
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "replay": ("what a hybrid prefix cache saves on a workload, per policy", replay.add),
+    "demo": ("multi-turn sessions through the cache, both tree behaviours", demo.add),
+    "engine": ("a real hybrid model served on the cache, on vs off", engine.add),
+}
+
+
+def parser() -> Parser:
+    top = Parser(prog="mambaradix", description=__doc__)
+    sub = top.add_subparsers(dest="command", required=True)
+    for name, (help_text, add) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--debug", action="store_true", help="show tracebacks")
+        add(p)
+    add_index_parser(sub)  # these two have their own checks and exit codes
+    add_merge_parser(sub)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit code (argparse's own errors included)."""
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a bad argument (already reported on one line)
+        return e.code if isinstance(e.code, int) else 2
+    if args.command in ("index", "merge"):
+        return int(args.func(args))
+    prog = f"mambaradix {args.command}"
+    try:
+        return int(args.run(args))
+    except UsageError as e:
+        if args.debug:
+            raise
+        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"\n{prog}: interrupted; nothing written", file=sys.stderr)
+        return 130
+    except Exception as e:  # a failure that is not bad input: say what, not where
+        if args.debug:
+            raise
+        what = f"{type(e).__name__}: {one_line(e)}"
+        print(f"{prog}: failed: {what} (--debug shows where)", file=sys.stderr)
+        return 1
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (a KeyError's without its quotes)."""
+    text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    return " ".join(text.split())

@@ -1,0 +1,180 @@
+"""What every command shares: the one-line argument parser, argument types that
+refuse nonsense (nan, inf, zero or negative where meaningless, fractions for
+counts), output-path checks made before any work, and all-or-nothing writes."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+__all__ = [
+    "Parser",
+    "UsageError",
+    "check_output",
+    "count",
+    "names",
+    "plot_formats",
+    "real",
+    "reals",
+    "write_all",
+]
+
+
+class UsageError(Exception):
+    """Bad input found by a command's `validate()`: one line on stderr, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block), still exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+# ---------------------------------------------------------------- argument types
+
+
+def count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= `minimum` ("3", not "3.0" or "1e3")."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text!r}")
+        return value
+
+    parse.__name__ = "count"
+    return parse
+
+
+def _real(text: str, low: float, high: float | None, low_open: bool, high_open: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    lo = value > low if low_open else value >= low
+    hi = high is None or (value < high if high_open else value <= high)
+    if not (lo and hi):
+        rule = f"{'>' if low_open else '>='} {low:g}"
+        if high is not None:
+            rule += f" and {'<' if high_open else '<='} {high:g}"
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+    return value
+
+
+def real(
+    low: float, high: float | None = None, *, low_open: bool = True, high_open: bool = True
+) -> Callable[[str], float]:
+    """An argparse type: a finite number above `low` (and below `high`)."""
+
+    def parse(text: str) -> float:
+        return _real(text, low, high, low_open, high_open)
+
+    parse.__name__ = "real"
+    return parse
+
+
+def reals(low: float, high: float | None = None) -> Callable[[str], list[float]]:
+    """An argparse type: comma-separated finite numbers in (low, high), no repeats."""
+
+    def parse(text: str) -> list[float]:
+        parts = [x.strip() for x in text.split(",")]
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
+        values = [_real(x, low, high, True, True) for x in parts]
+        _no_repeats(values)
+        return values
+
+    parse.__name__ = "reals"
+    return parse
+
+
+def names(text: str) -> list[str]:
+    """An argparse type: comma-separated names, no empty ones, no repeats."""
+    parts = [x.strip() for x in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"expected names separated by commas, got {text!r}")
+    _no_repeats(parts)
+    return parts
+
+
+def _no_repeats(values: list[float] | list[str]) -> None:
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})  # type: ignore[arg-type]
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{', '.join(repeated)} given more than once")
+
+
+# ---------------------------------------------------------------- output paths
+
+
+def plot_formats() -> dict[str, str]:
+    """File extensions matplotlib can write, without the dot -> description."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    return dict(FigureCanvasAgg(Figure()).get_supported_filetypes())
+
+
+def check_output(path: Path, flag: str) -> None:
+    """UsageError unless `path` can be written: not a directory, and either a
+    writable file or creatable inside the nearest existing directory above it."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; name a file")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"{flag} {path} is not writable")
+        return
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is a file, so no directory can be made there")
+    try:  # a real probe: os.access says yes to root, and to read-only file systems
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot create files in {parent} ({e.strerror})") from None
+
+
+def write_all(writers: dict[Path, Callable[[Path], object]]) -> None:
+    """Write every file or none: each writer writes a temporary file next to its
+    target (same extension), and only when all have succeeded are they renamed
+    into place. On any failure, Ctrl-C included, the temporaries are removed."""
+    temps: dict[Path, Path] = {}
+    try:
+        for target, write in writers.items():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(
+                dir=target.parent, prefix=f".{target.stem}-", suffix=target.suffix
+            )
+            os.close(fd)
+            temps[target] = Path(name)
+            write(temps[target])
+        for target, temp in temps.items():
+            os.replace(temp, target)
+            os.chmod(target, 0o666 & ~_umask())
+        temps = {}
+    finally:
+        for temp in temps.values():
+            temp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)

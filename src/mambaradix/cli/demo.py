@@ -1,0 +1,33 @@
+"""`mambaradix demo`: multi-turn sessions through the cache, both tree behaviours."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from mambaradix.cli.checks import UsageError, count
+
+
+def add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sessions", type=count(1), default=24)
+    p.add_argument("--turns", type=count(1), default=6)
+    p.add_argument("--kv-tokens", type=count(1), default=60_000, help="KV pool size in tokens")
+    p.add_argument("--state-slots", type=count(2), default=48, help="state pool size in slots")
+    p.add_argument("--chunk", type=count(1), default=512, help="prefill chunk size in tokens")
+    p.add_argument("--seed", type=count(0), default=0)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mambaradix.demo import check_fits, demo_sessions, report
+
+    start = time.perf_counter()
+    work = demo_sessions(args.sessions, args.turns, args.seed)
+    try:
+        check_fits(work, args.kv_tokens)
+    except ValueError as e:
+        raise UsageError(str(e).replace("kv_tokens", "--kv-tokens")) from None
+    what = f"{args.sessions} sessions x {args.turns} turns"
+    print(report(work, what, args.kv_tokens, args.state_slots, args.chunk))
+    print(f"\n({time.perf_counter() - start:.1f} s)")
+    return 0

@@ -1,0 +1,240 @@
+"""`mambaradix engine`: a real hybrid model served on the cache, on vs off.
+
+Order of work: parse, `validate` (the engine extra, the model, a token-level
+workload, option combinations), build the model, load the workload's
+sessions, check that the pools admit its largest request, then serve (a
+progress bar counts requests)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from mambaradix.cli.checks import UsageError, count
+
+TOKEN_WORKLOADS = "mt-bench, swe-agent, chitchat, synthetic-multi-turn, or a neutral JSONL file"
+STRATEGIES = ("no_buffer", "extra_buffer")
+
+
+def add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="nemotron-h-tiny", help="nemotron-h-tiny, qwen3-next-tiny")
+    p.add_argument(
+        "--workload", default="mt-bench", help=f"multi-turn, token-level: {TOKEN_WORKLOADS}"
+    )
+    p.add_argument("--sessions", type=count(1), default=8, help="serve the first N sessions")
+    p.add_argument(
+        "--max-new-tokens", type=count(1), default=32, help="tokens generated per request"
+    )
+    p.add_argument("--kv-tokens", type=count(1), default=65536, help="KV pool size in tokens")
+    p.add_argument("--state-slots", type=count(2), default=64, help="state pool size in slots")
+    p.add_argument("--chunk-size", type=count(1), default=256, help="prefill chunk size in tokens")
+    p.add_argument("--max-running", type=count(1), default=8, help="requests admitted at once")
+    p.add_argument(
+        "--page-size", type=count(1), default=1, help="KV page in tokens (> 1: extra_buffer)"
+    )
+    p.add_argument(
+        "--strategy", choices=STRATEGIES, default="no_buffer", help="SGLang's mamba cache strategy"
+    )
+    p.add_argument(
+        "--track-interval",
+        type=count(1),
+        default=None,
+        help="extra_buffer: track a state every N decoded tokens (default 256)",
+    )
+    p.add_argument(
+        "--compat", choices=("sglang",), default=None, help="SGLang 0.5.15.post1's tree and rules"
+    )
+    p.add_argument("--seed", type=count(0), default=0)
+    p.add_argument("--threads", type=count(1), default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mambaradix.compare import compare_cache
+    from mambaradix.replay.progress import counter
+
+    start = time.perf_counter()
+    engine_kw = validate(args)
+    sessions = prepare(args)
+    total = sum(len(s) for s in sessions)
+    bar = counter(2 * total, "serving (cache on, then off)", "req", show=not args.no_progress)
+    try:
+        data = compare_cache(
+            sessions,
+            args.max_new_tokens,
+            model=args.model,
+            seed=args.seed,
+            on_round=bar.update,
+            **engine_kw,
+        )
+    finally:
+        bar.close()
+    print_summary(args, len(sessions), data)
+    print(f"\n({time.perf_counter() - start:.1f} s)")
+    return 0 if data["identical"] else 1
+
+
+def validate(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything checked before the model is built; the engine's keyword arguments."""
+    try:
+        import transformers  # noqa: F401
+
+        from mambaradix.engine.models import PRESETS
+    except ImportError as e:
+        raise UsageError(
+            f"{e} (install the engine extra: pip install 'mambaradix[engine]')"
+        ) from None
+    if args.model not in PRESETS and not Path(args.model).is_dir():
+        raise UsageError(
+            f"--model: unknown model {args.model!r}; presets: {', '.join(PRESETS)}, "
+            "or a local checkpoint directory"
+        )
+    if _block_level(args.workload):
+        raise UsageError(
+            f"--workload {args.workload} is a block-level trace (ids of 512-token blocks, not "
+            f"token ids): the engine needs token ids; use {TOKEN_WORKLOADS}"
+        )
+    check_paging(args)
+    return {
+        "kv_tokens": args.kv_tokens,
+        "state_slots": args.state_slots,
+        "chunk_size": args.chunk_size,
+        "max_running": args.max_running,
+        "page_size": args.page_size,
+        "strategy": args.strategy,
+        "compat": args.compat,
+        "track_interval": args.track_interval or 256,
+    }
+
+
+def check_paging(args: argparse.Namespace) -> None:
+    """Page size, strategy, slots and the sizes that must be whole pages."""
+    from mambaradix.engine.checks import min_state_slots
+
+    page, extra = args.page_size, args.strategy == "extra_buffer"
+    if page > 1 and not extra:
+        raise UsageError(
+            f"--page-size {page} needs --strategy extra_buffer: no_buffer keeps states at "
+            "exact token ends (page size 1), as in SGLang"
+        )
+    if args.track_interval and not extra:
+        raise UsageError("--track-interval has no effect without --strategy extra_buffer")
+    least = min_state_slots(True, args.strategy)
+    if args.state_slots < least:
+        raise UsageError(
+            f"--state-slots {args.state_slots} is too small for {args.strategy}: a request "
+            f"that reuses a cached state holds it, its copy and two track slots ({least})"
+        )
+    for flag, value in (
+        ("--kv-tokens", args.kv_tokens),
+        ("--chunk-size", args.chunk_size),
+        ("--track-interval", args.track_interval or 256),
+    ):
+        if value % page:
+            raise UsageError(f"{flag} {value} must be a multiple of --page-size {page}")
+
+
+def _block_level(workload: str) -> bool:
+    from mambaradix.replay.workloads import BUNDLED, TraceFormatError, detect_format
+
+    if workload in BUNDLED:
+        return workload == "mooncake"
+    try:
+        return Path(workload).is_file() and detect_format(workload) == "mooncake"
+    except (TraceFormatError, OSError):
+        return False  # the loader says what is wrong with it
+
+
+def prepare(args: argparse.Namespace) -> list[list[list[int]]]:
+    """Torch threads, the model's memory and vocabulary, the sessions, their sizes."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from mambaradix.engine.models import build_model
+    from mambaradix.replay.progress import shown
+
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # notes on CUDA kernels
+    torch.set_num_threads(args.threads)
+    net = build_model(args.model, args.seed)
+    check_host_memory(net, args)
+    with shown(not args.no_progress):
+        sessions = load_sessions(args.workload, int(net.config.vocab_size), args.sessions)
+    check_kv(sessions, args)
+    return sessions
+
+
+def load_sessions(workload: str, vocab: int, limit: int) -> list[list[list[int]]]:
+    from mambaradix.compare import engine_sessions
+
+    try:
+        return engine_sessions(workload, vocab, limit)
+    except (ValueError, OSError, ImportError) as e:
+        raise UsageError(f"--workload: {e}") from None
+
+
+def check_kv(sessions: list[list[list[int]]], args: argparse.Namespace) -> None:
+    """UsageError naming the largest request when the KV pool cannot admit it
+    alone (the scheduler's rule: prompt + new tokens + one page must stay
+    strictly below the pool)."""
+    from mambaradix.engine.workload import request_sizes
+    from mambaradix.scheduler import admission_need, fits_alone
+
+    new, page, kv = args.max_new_tokens, args.page_size, args.kv_tokens
+    s, t, prompt = max(request_sizes(sessions, new), key=lambda x: x[2])
+    if not fits_alone(prompt, new, page, kv):
+        need = -(-(admission_need(prompt, new, page) + 1) // page) * page
+        raise UsageError(
+            f"--kv-tokens {kv:,} is too small: session {s} turn {t} needs a pool of {need:,} "
+            f"tokens ({prompt:,} prompt tokens, the engine's earlier answers included, + "
+            f"{new} new + a page of {page}, strictly below the pool); use --kv-tokens >= {need:,}"
+        )
+
+
+def check_host_memory(net: Any, args: argparse.Namespace) -> None:
+    """UsageError when the pools (K/V tensors, state tensors, free lists, the
+    request-to-token rows) would not fit in half of this machine's free memory."""
+    from mambaradix.cli.replay import HOST_BYTES_PER_ID, available_bytes
+    from mambaradix.engine.adapter import PoolAdapter
+
+    probe = PoolAdapter(net, kv_tokens=1, state_slots=1)  # one token, one slot
+    per_token = 2 * probe.k.element_size() * probe.k.numel() + HOST_BYTES_PER_ID
+    per_token += 8 * args.max_running  # a row of the request-to-token table per sequence
+    per_slot = probe.geometry.bytes_per_slot + HOST_BYTES_PER_ID
+    need = args.kv_tokens * per_token + args.state_slots * per_slot
+    have = available_bytes()
+    if have is not None and need > have // 2:
+        raise UsageError(
+            f"--kv-tokens {args.kv_tokens:,} and --state-slots {args.state_slots:,} need about "
+            f"{need / 1e9:.1f} GB of memory ({per_token:,} B per KV token, {per_slot:,} B per "
+            f"slot) and only {have / 1e9:.1f} GB is available"
+        )
+
+
+def print_summary(args: argparse.Namespace, n_sessions: int, data: dict[str, Any]) -> None:
+    print(
+        f"{args.model} on {args.workload}: {n_sessions} sessions, {data['requests']} requests, "
+        f"{args.max_new_tokens} new tokens each (prompts carry the engine's own answers)"
+    )
+    print(f"outputs identical: {'yes' if data['identical'] else 'no'}")
+    rows = [
+        ("prompt tokens", "prompt_tokens", "{:,.0f}"),
+        ("prefill tokens computed", "computed_prefill_tokens", "{:,.0f}"),
+        ("hit rate", "hit_rate", "{:.1%}"),
+        ("evictions (KV tokens + states)", "evictions", "{:,.0f}"),
+        ("retractions", "retractions", "{:,.0f}"),
+        ("time per request (s)", "s_per_request", "{:.3f}"),
+        ("mean TTFT (s)", "mean_ttft_s", "{:.3f}"),
+    ]
+    print(f"{'':32}{'cache':>12}{'no cache':>12}")
+    for label, key, fmt in rows:
+        on, off = data["cache"][key], data["no cache"][key]
+        print(f"{label:32}{fmt.format(on):>12}{fmt.format(off):>12}")
+    pred = data["replay"]
+    print(
+        f"prefill saved by the cache: {data['cache']['hit_rate']:.1%}; `mambaradix replay` "
+        f"predicts {pred['token_hit_rate']:.1%} for these requests and pools "
+        f"(bound {pred['bound_token_hit_rate']:.1%})"
+    )

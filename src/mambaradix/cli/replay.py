@@ -1,0 +1,389 @@
+"""`mambaradix replay`: a trace through every policy at every memory point.
+
+Order of work: parse (argparse types refuse nonsense numbers), `validate` (model,
+policies, option combinations, output paths), load the trace, pick the
+policies that run at the page size, check that every memory point holds at
+least one request, sweep, then write the plot and the JSON together (all or
+nothing)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mambaradix.cli.checks import (
+    UsageError,
+    check_output,
+    count,
+    names,
+    plot_formats,
+    real,
+    reals,
+    warn,
+    write_all,
+)
+from mambaradix.replay.cluster_cli import ScaleOut, add_replay_arguments
+
+if TYPE_CHECKING:
+    from mambaradix.replay.fit import Pools
+    from mambaradix.replay.models import ModelProfile
+    from mambaradix.replay.serving import ServingConfig
+    from mambaradix.replay.trace import Trace
+
+DEFAULT_MEMORY = [20.0, 40.0, 80.0, 160.0]
+TRACK_INTERVAL = 256  # SGLang's --mamba-track-interval default (ServingConfig's)
+
+
+def add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", default="mooncake", help="bundled name or path to a JSONL trace")
+    p.add_argument("--model", default="nemotron-h-8b", help="model profile name")
+    p.add_argument("--memory", type=reals(0), default=DEFAULT_MEMORY, help="GB, e.g. 10,20,40")
+    p.add_argument(
+        "--policy",
+        type=names,
+        default=None,
+        help="comma-separated (default: all but marconi-oracle, which is a run per alpha)",
+    )
+    p.add_argument("--sequential", action="store_true", help="Marconi's simulator discipline")
+    p.add_argument(
+        "--state-fraction",
+        type=reals(0, 1),
+        default=None,
+        help="share of memory for the state pool, e.g. 0.3,0.47,0.7 to sweep the split",
+    )
+    p.add_argument("--prefill-tflops", type=real(0), default=2400.0, help="prefill TFLOP/s")
+    p.add_argument("--tpot-ms", type=real(0, low_open=False), default=20.0, help="ms per token")
+    p.add_argument("--chunk-tokens", type=count(1), default=8192, help="prefill chunk, tokens")
+    p.add_argument(
+        "--page-size",
+        type=count(1),
+        default=1,
+        help="KV page in tokens (SGLang's --page-size); > 1 on token traces: extra_buffer only",
+    )
+    p.add_argument(
+        "--track-interval",
+        type=count(1),
+        default=None,
+        help=f"extra_buffer: track a state every N decoded tokens (default {TRACK_INTERVAL}, "
+        "rounded up to whole pages)",
+    )
+    p.add_argument("--rate", type=real(0), default=None, help="requests/s instead of trace times")
+    p.add_argument("--limit", type=count(1), default=None, help="only the first N requests")
+    p.add_argument("--workers", type=count(1), default=None, help="processes (default: cores)")
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument(
+        "--plot",
+        default=None,
+        help="plot file (its extension picks the format) or directory "
+        "(default out/replay-TRACE-MODEL.png)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_replay_arguments(p)  # --instances, --router..., --shard, --executor
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mambaradix.replay.progress import shown
+
+    start = time.perf_counter()
+    profile, base, scale = validate(args)
+    with shown(not args.no_progress):
+        trace = load_trace(args.trace, args.limit, scale)
+        policies, left_out = pick_policies(args, trace, base)
+        plot_path = plot_target(args.plot, trace, profile) if plots(scale) else None
+        check_outputs(plot_path, args.json)
+        check_sizes(trace, profile, base, policies, args)
+        data = run_sweep(args, trace, profile, policies, base, scale)
+    data["policies_left_out"] = left_out
+    data["elapsed_s"] = elapsed = time.perf_counter() - start
+    print(scale.table(data) if scale.cluster else table_text(data))
+    warn_dropped(data, trace, profile, base)
+    if failed := [r for r in data["results"] if r["served"] == 0]:
+        where = ", ".join(f"{r['policy']} at {r['memory_gb']:g} GB" for r in failed)
+        msg = f"nothing was served ({where}): every request was dropped; no output written"
+        print(f"mambaradix replay: error: {msg}", file=sys.stderr)
+        return 1
+    write_outputs(data, plot_path, args.json)
+    print(f"({elapsed:.1f} s)")
+    return 0
+
+
+def plots(scale: ScaleOut) -> bool:
+    """Single-instance, whole sweeps have a plot; cluster and shard runs do not."""
+    return scale.cluster is None and scale.shard is None
+
+
+def run_sweep(
+    args: argparse.Namespace,
+    trace: Trace,
+    profile: ModelProfile,
+    policies: list[str],
+    base: ServingConfig,
+    scale: ScaleOut,
+) -> dict[str, Any]:
+    from mambaradix.replay.sweep import sweep
+
+    try:
+        scale.connect()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        return sweep(
+            trace,
+            profile,
+            policies,
+            args.memory,
+            base,
+            args.workers,
+            not args.no_progress,
+            state_fractions=args.state_fraction,
+            **scale.sweep_kwargs(),
+        )
+    finally:
+        scale.close()
+
+
+def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, ScaleOut]:
+    """Everything that needs no trace: model, policies, option combinations."""
+    from mambaradix.replay.models import get_profile
+    from mambaradix.replay.policies import ORACLE, POLICIES
+    from mambaradix.replay.serving import ServingConfig
+
+    try:
+        scale = ScaleOut.from_args(args)
+        profile = get_profile(args.model)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    except KeyError as e:
+        raise UsageError(f"--model: {e.args[0]}") from None
+    if args.plot is not None and not plots(scale):
+        raise UsageError(
+            "--plot has no effect with --instances or --shard (the table and --json have "
+            "the results)"
+        )
+    if unknown := [x for x in args.policy or [] if x not in POLICIES]:
+        raise UsageError(
+            f"--policy: unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}"
+        )
+    if scale.cluster is not None and ORACLE in (args.policy or []):
+        raise UsageError(f"--policy {ORACLE} (a run per alpha) has no --instances form")
+    if args.sequential and args.state_fraction:
+        raise UsageError("--state-fraction has no effect with --sequential (one shared budget)")
+    track = args.track_interval or default_track_interval(args.page_size)
+    if track % args.page_size:
+        raise UsageError(
+            f"--track-interval {track} must be a multiple of --page-size {args.page_size}, "
+            "as SGLang requires"
+        )
+    check_outputs(plot_target(args.plot, None, profile) if plots(scale) else None, args.json)
+    base = ServingConfig(
+        memory_gb=args.memory[0],
+        sequential=args.sequential,
+        rate=args.rate,
+        prefill_flops_per_s=args.prefill_tflops * 1e12,
+        tpot_s=args.tpot_ms / 1e3,
+        chunk_tokens=args.chunk_tokens,
+        page_size=args.page_size,
+        track_interval=track,
+    )
+    return profile, base, scale
+
+
+def default_track_interval(page: int) -> int:
+    """SGLang's 256, rounded up to a whole number of pages (SGLang itself
+    refuses a page that does not divide it; here the default follows the page)."""
+    return -(-TRACK_INTERVAL // page) * page
+
+
+def pick_policies(
+    args: argparse.Namespace, trace: Trace, base: ServingConfig
+) -> tuple[list[str], dict[str, str]]:
+    """The policies to run at `--page-size` on this trace, and those of the
+    default list left out (name -> why; said on stderr). An explicit
+    `--policy` that cannot run at the page size is a usage error."""
+    from mambaradix.replay.checks import policy_strategy, unpaged_policies
+    from mambaradix.replay.policies import SINGLE_RUN
+
+    try:
+        unpaged = unpaged_policies(args.policy or SINGLE_RUN, trace, base)
+    except ValueError as e:
+        raise UsageError(f"--{str(e).replace('_', '-', 1)}") from None
+    why = f"no_buffer needs --page-size 1 on a token-level trace, got {args.page_size}"
+    if args.policy and unpaged:
+        raise UsageError(
+            f"--policy {', '.join(unpaged)}: {why}; extra_buffer policies "
+            "(sglang-extra-buffer) take any page size"
+        )
+    policies = [p for p in args.policy or SINGLE_RUN if p not in unpaged]
+    if not policies:
+        raise UsageError(f"--page-size {args.page_size}: no policy runs at it ({why})")
+    if unpaged:
+        warn(f"--page-size {args.page_size}: left out {', '.join(unpaged)} ({why})")
+    if args.track_interval and all(policy_strategy(p) != "extra_buffer" for p in policies):
+        raise UsageError(
+            "--track-interval has no effect: none of the policies uses extra_buffer "
+            "(sglang-extra-buffer does)"
+        )
+    return policies, dict.fromkeys(unpaged, why)
+
+
+def load_trace(name: str, limit: int | None, scale: ScaleOut | None = None) -> Trace:
+    from mambaradix.replay.workloads import load
+
+    try:
+        trace = load(name)
+    except (ValueError, OSError, ImportError) as e:  # TraceFormatError is a ValueError
+        raise UsageError(f"--trace: {e}") from None
+    if limit is not None:
+        trace.requests = trace.requests[:limit]
+    try:
+        if scale is not None:
+            scale.check_trace(trace)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return trace
+
+
+def plot_target(arg: str | None, trace: Trace | None, profile: ModelProfile) -> Path:
+    """Where the plot goes: `arg` if it names a file with an extension
+    matplotlib writes; inside `arg` if it is a directory (an existing one, or a
+    path ending in '/'); else out/. Before the trace is loaded (`trace` None)
+    the file name is a stand-in: only the directory and extension matter."""
+    stem = Path(trace.name).stem if trace is not None else "TRACE"
+    default = f"replay-{stem}-{profile.name}.png"
+    if arg is None:
+        return Path("out") / default
+    path = Path(arg)
+    if arg.endswith(("/", "\\")) or path.is_dir():
+        return path / default
+    formats = plot_formats()
+    if path.suffix.lower().lstrip(".") not in formats:
+        raise UsageError(
+            f"--plot {arg}: {'no' if not path.suffix else 'unsupported'} file extension; name a "
+            f"directory or a file ending in one of {', '.join('.' + f for f in sorted(formats))}"
+        )
+    return path
+
+
+def check_outputs(plot_path: Path | None, json_path: Path | None) -> None:
+    if plot_path is not None:
+        check_output(plot_path, "--plot")
+    if json_path is not None:
+        check_output(json_path, "--json")
+        if plot_path is not None and json_path.resolve() == plot_path.resolve():
+            raise UsageError(f"--json and --plot name the same file {json_path}")
+
+
+def check_sizes(
+    trace: Trace,
+    profile: ModelProfile,
+    base: ServingConfig,
+    policies: list[str],
+    args: argparse.Namespace,
+) -> None:
+    """UsageError when a memory point (at any state fraction) holds no request
+    or too few states for a policy, or makes pools whose bookkeeping would not
+    fit this machine's memory."""
+    from mambaradix.replay.checks import policy_strategy
+    from mambaradix.replay.fit import check_memory
+
+    strategies = {p: policy_strategy(p) for p in policies}
+    workers = args.workers or os.cpu_count() or 1
+    for f in args.state_fraction or [base.state_fraction]:
+        for m in args.memory:
+            at = f" (with --state-fraction {f:g})" if args.state_fraction else ""
+            cfg = replace(base, memory_gb=m, state_fraction=f)
+            try:
+                fit = check_memory(trace, profile, cfg, strategies, "--memory")
+            except ValueError as e:
+                raise UsageError(f"{e}{at}") from None
+            check_host_memory(trace, profile, cfg, fit.pools, workers)
+
+
+HOST_BYTES_PER_ID = 17  # a free-list entry (8 B), its flag (1 B), scratch on first use (8 B)
+
+
+def check_host_memory(
+    trace: Trace, profile: ModelProfile, cfg: ServingConfig, pools: Pools, workers: int
+) -> None:
+    """The serving model keeps a free list of every KV unit and state: a memory
+    point far beyond what the trace can use could exhaust this machine first."""
+    from mambaradix.replay.fit import fit
+
+    need = HOST_BYTES_PER_ID * (pools.kv_units + pools.states) * workers
+    have = available_bytes()
+    if have is None or need <= have // 2:
+        return
+    raise UsageError(
+        f"--memory {cfg.memory_gb:g} GB makes pools of {pools.kv_units:,} KV units and "
+        f"{pools.states:,} states, whose bookkeeping needs about {need / 1e9:.1f} GB of this "
+        f"machine's memory ({workers} workers) and only {have / 1e9:.1f} GB is available; "
+        f"the largest request of this trace is served alone in about "
+        f"{fit(trace, profile, replace(cfg, memory_gb=1.0), 2).gb_for_largest:g} GB"
+    )
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None (no check)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def table_text(data: dict[str, Any]) -> str:
+    from mambaradix.replay.sweep import table
+
+    return table(data)
+
+
+def warn_dropped(
+    data: dict[str, Any], trace: Trace, profile: ModelProfile, base: ServingConfig
+) -> None:
+    """One stderr line per memory point at which requests were dropped."""
+    from mambaradix.replay.checks import policy_strategy
+    from mambaradix.replay.fit import TRACK_SLOTS, fit
+
+    groups: dict[tuple[float, float, int], list[str]] = {}
+    for r in data["results"]:
+        if r["dropped"]:
+            key = (r["memory_gb"], r["state_fraction"], r["dropped"])
+            groups.setdefault(key, []).append(r["policy"])
+    for (mem, frac, n), policies in groups.items():
+        track = max(TRACK_SLOTS[policy_strategy(p)] for p in policies)
+        need = fit(trace, profile, replace(base, memory_gb=mem, state_fraction=frac), track)
+        gb = need.gb_for_largest
+        why = (
+            f"serving every request needs about {gb:g} GB"
+            if gb > mem
+            else "each fits alone, but not beside the states cached by then (--sequential)"
+        )
+        warn(
+            f"{n:,} of {len(trace):,} requests did not fit in {mem:g} GB and were dropped "
+            f"({', '.join(policies)}); they count as misses; {why}"
+        )
+
+
+def write_outputs(data: dict[str, Any], plot_path: Path | None, json_path: Path | None) -> None:
+    from mambaradix.replay.sweep import plot
+
+    writers: dict[Path, Callable[[Path], object]] = {}
+    if plot_path is not None:
+        writers[plot_path] = lambda p: plot(data, str(p))
+    if json_path is not None:
+        writers[json_path] = lambda p: p.write_text(json.dumps(data, indent=1))
+    write_all(writers)
+    if plot_path is not None:
+        print(f"\nplot: {plot_path}")
+    if json_path is not None:
+        print(f"json: {json_path}")

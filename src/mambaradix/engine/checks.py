@@ -1,0 +1,100 @@
+"""Argument checks at the entry of `Engine.__init__` and `Engine.generate`:
+TypeError / ValueError naming the parameter, raised before anything is built
+or run (so a failed call leaves the engine as it was)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from mambaradix.engine.device import check_dtype
+from mambaradix.lifecycle.manager import STRATEGIES
+from mambaradix.scheduler import admission_need, fits_alone, slots_alone
+from mambaradix.validate import as_bool, as_count, as_int, as_positive, as_token_ids, as_type
+
+if TYPE_CHECKING:
+    from mambaradix.engine.engine import Engine
+
+__all__ = ["check_engine_args", "check_generate_args", "min_state_slots"]
+
+TRACK_SLOTS = 2  # extra_buffer's ping-pong (CacheManager's default)
+
+
+def min_state_slots(prefix_cache: bool, strategy: str = "no_buffer") -> int:
+    """Slots one sequence holds alone: its running state, extra_buffer's two
+    track slots and, with the cache on, the cached state it matched (locked
+    while its copy is made)."""
+    return slots_alone(TRACK_SLOTS if strategy == "extra_buffer" else 0, reuses=prefix_cache)
+
+
+def check_engine_args(**kw: Any) -> None:
+    """The constructor's arguments (by their names), in signature order."""
+    if not isinstance(kw["model"], (str, os.PathLike)):
+        raise TypeError(f"model must be a preset name or a path, got {type(kw['model']).__name__}")
+    as_count(kw["seed"], "seed")
+    cache_on = as_bool(kw["prefix_cache"], "prefix_cache")
+    page = as_positive(kw["page_size"], "page_size")
+    strategy = _strategy(kw["strategy"], page)
+    least = min_state_slots(cache_on, strategy)
+    if as_int(kw["state_slots"], "state_slots") < least:
+        raise ValueError(
+            f"state_slots must be >= {least} with prefix_cache={cache_on} and {strategy} "
+            f"(got {kw['state_slots']}): a running sequence holds a slot"
+            + (", two track slots" if strategy == "extra_buffer" else "")
+            + (" and, with the cache on, locks the cached state it matched" if cache_on else "")
+        )
+    for name in ("kv_tokens", "chunk_size", "track_interval"):
+        if as_positive(kw[name], name) % page:
+            raise ValueError(f"{name} ({kw[name]}) must be a multiple of page_size ({page})")
+    as_positive(kw["max_running"], "max_running")
+    if kw["max_context"] is not None:
+        as_positive(kw["max_context"], "max_context")
+    if kw["compat"] not in (None, "sglang"):
+        raise ValueError(f"compat must be None or 'sglang', got {kw['compat']!r}")
+    check_dtype(kw["dtype"])
+    if kw["model_overrides"] is not None:
+        as_type(kw["model_overrides"], dict, "model_overrides")
+    for name in ("batch_decode", "deterministic", "keep_logits"):
+        as_bool(kw[name], name)
+    if kw["deterministic"] and strategy != "no_buffer":
+        raise ValueError("deterministic=True needs strategy='no_buffer'")
+
+
+def _strategy(strategy: object, page: int) -> str:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    if strategy == "no_buffer" and page != 1:
+        raise ValueError(
+            f"page_size {page} needs strategy='extra_buffer': no_buffer keeps states at exact "
+            "token ends (page_size 1), as in SGLang"
+        )
+    return str(strategy)
+
+
+def check_generate_args(eng: Engine, prompts: object, max_new_tokens: object) -> list[list[int]]:
+    """The prompts as lists of ints, each checked against the vocabulary and
+    against the pools: a prompt must be admissible alone, with its new tokens
+    (the scheduler's admission rule, `scheduler.fits_alone`)."""
+    max_new = as_count(max_new_tokens, "max_new_tokens")
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+    out = [as_token_ids(p, f"prompts[{i}]", eng.vocab_size) for i, p in enumerate(prompts)]
+    if max_new == 0:
+        return out
+    kv, page = eng.mgr.kv.capacity, eng.mgr.page_size
+    context = getattr(eng.mgr.rows, "max_context", None)
+    for i, p in enumerate(out):
+        need = admission_need(len(p), max_new, page) + 1
+        if not fits_alone(len(p), max_new, page, kv):
+            raise ValueError(
+                f"prompts[{i}] needs a KV pool of {need:,} tokens ({len(p):,} prompt + "
+                f"{max_new} new + a page of {page}, strictly below the pool) but kv_tokens "
+                f"is {kv:,}"
+            )
+        if context is not None and len(p) + max_new - 1 > context:
+            raise ValueError(
+                f"prompts[{i}] needs {len(p) + max_new - 1:,} positions ({len(p):,} prompt + "
+                f"{max_new} new - 1) but the request table holds {context:,} (max_context)"
+            )
+    return out

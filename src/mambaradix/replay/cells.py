@@ -1,0 +1,68 @@
+"""The cells of a sweep: one (state fraction, memory, router, policy) point each.
+
+`build_cells` gives them in one fixed order (state fraction, then memory, then router,
+then policy, each in the order given), the order of a sweep's results, of its shards
+(`shards.py`) and of a merge. `run_cell` runs one with the trace and the profile passed
+explicitly, so that any executor can run it (a forked process, another machine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+from mambaradix.replay.cluster import ClusterSpec, cluster_replay
+from mambaradix.replay.models import ModelProfile
+from mambaradix.replay.run import replay
+from mambaradix.replay.serving import ServingConfig
+from mambaradix.replay.trace import Trace
+
+Work = tuple[Trace, ModelProfile]
+CellKey = tuple[str, float, float, "str | None"]
+
+
+class Cell(NamedTuple):
+    """One policy at one serving config; with `cluster`, `router` routes the
+    trace over `cluster.instances` serving models."""
+
+    policy: str
+    cfg: ServingConfig
+    router: str | None = None
+    cluster: ClusterSpec | None = None
+
+    @property
+    def key(self) -> CellKey:
+        return (self.policy, self.cfg.memory_gb, self.cfg.state_fraction, self.router)
+
+
+def build_cells(
+    policies: list[str],
+    memories: list[float],
+    base: ServingConfig,
+    fractions: list[float],
+    routers: list[str] | None = None,
+    cluster: ClusterSpec | None = None,
+) -> list[Cell]:
+    """Every cell, in the sweep's order. Routers only with `cluster`."""
+    if (routers is None) != (cluster is None):
+        raise ValueError("give both routers and cluster, or neither")
+    each_router: list[str | None] = list(routers) if routers is not None else [None]
+    return [
+        Cell(p, replace(base, memory_gb=m, state_fraction=f), r, cluster)
+        for f in fractions
+        for m in memories
+        for r in each_router
+        for p in policies
+    ]
+
+
+def row_key(row: dict[str, Any]) -> CellKey:
+    """The key of the cell a result row came from."""
+    return (row["policy"], row["memory_gb"], row["config"]["state_fraction"], row.get("router"))
+
+
+def run_cell(work: Work, cell: Cell) -> dict[str, Any]:
+    trace, profile = work
+    if cell.cluster is None or cell.router is None:
+        return replay(trace, profile, cell.policy, cell.cfg)
+    return cluster_replay(trace, profile, cell.policy, cell.cfg, cell.router, cell.cluster)

@@ -1,0 +1,193 @@
+"""Command-line wiring of the multi-instance replay and of sweeps beyond one machine.
+
+`add_replay_arguments` adds `--instances`, `--router`, `--router-lag-ms`,
+`--router-block`, `--overlap-weight`, `--shard` and `--executor` to `mambaradix replay`;
+`ScaleOut.from_args` checks them (ValueError with a one-line message, before any work)
+and gives `sweep()` its keyword arguments; `table` prints cluster rows. `add_merge_parser`
+adds `mambaradix merge`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mambaradix.replay.routers import ROUTERS
+
+if TYPE_CHECKING:  # the replay itself is imported only when a command runs
+    from mambaradix.replay.cluster import ClusterSpec
+    from mambaradix.replay.shards import Shard
+    from mambaradix.replay.trace import Trace
+
+
+def add_replay_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("several instances behind a router")
+    g.add_argument("--instances", type=int, default=None, help="serving models (memory each)")
+    g.add_argument(
+        "--router", default=None, help=f"comma-separated (default: all): {', '.join(ROUTERS)}"
+    )
+    g.add_argument("--router-lag-ms", type=float, default=None, help="age of the event view")
+    g.add_argument("--router-block", type=int, default=None, help="router block, tokens")
+    g.add_argument("--overlap-weight", type=float, default=None, help="prefill weight in cost")
+    g = p.add_argument_group("sweeps beyond one machine")
+    g.add_argument("--shard", default=None, help="run shard i of N of the cells (i/N)")
+    g.add_argument("--executor", default=None, help="dask://HOST:PORT (the dask extra)")
+
+
+@dataclass
+class ScaleOut:
+    routers: list[str] | None = None
+    cluster: ClusterSpec | None = None
+    shard: Shard | None = None
+    executor_url: str | None = None
+    executor: Executor | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ScaleOut:
+        """The options, checked; ValueError (one line) on bad input."""
+        from mambaradix.replay.cluster import ClusterSpec
+        from mambaradix.replay.shards import Shard
+
+        out = cls(shard=Shard.parse(args.shard) if args.shard is not None else None)
+        if out.shard is not None and not args.json:
+            raise ValueError("--shard needs --json FILE (the shard file for `mambaradix merge`)")
+        if args.executor is not None:
+            from mambaradix.replay.executors import dask_address
+
+            dask_address(args.executor)  # syntax only; connecting comes later
+            out.executor_url = args.executor
+        cluster_only = ("router", "router_lag_ms", "router_block", "overlap_weight")
+        if args.instances is None:
+            given = [n for n in cluster_only if getattr(args, n) is not None]
+            if given:
+                raise ValueError(f"--{given[0].replace('_', '-')} needs --instances N")
+            return out
+        if args.instances < 1:
+            raise ValueError(f"--instances must be a positive number, got {args.instances}")
+        out.routers = _routers(args.router)
+        lag = 0.0 if args.router_lag_ms is None else args.router_lag_ms
+        if not math.isfinite(lag) or lag < 0:
+            raise ValueError(f"--router-lag-ms must be a number >= 0, got {args.router_lag_ms}")
+        weight = 1.0 if args.overlap_weight is None else args.overlap_weight
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"--overlap-weight must be a number >= 0, got {weight}")
+        if args.router_block is not None and args.router_block < 1:
+            raise ValueError(f"--router-block must be a positive number, got {args.router_block}")
+        out.cluster = ClusterSpec(args.instances, lag / 1e3, args.router_block, weight)
+        return out
+
+    def check_trace(self, trace: Trace) -> None:
+        block = None if self.cluster is None else self.cluster.block_tokens
+        if block is not None and block % trace.unit_tokens:
+            raise ValueError(
+                f"--router-block must be a multiple of the trace's {trace.unit_tokens}-token "
+                f"blocks, got {block}"
+            )
+
+    def connect(self) -> None:
+        if self.executor_url is not None:
+            from mambaradix.replay.executors import open_executor
+
+            self.executor = open_executor(self.executor_url)
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown()
+            self.executor = None
+
+    def sweep_kwargs(self) -> dict[str, Any]:
+        return {
+            "executor": self.executor,
+            "shard": self.shard,
+            "routers": self.routers,
+            "cluster": self.cluster,
+        }
+
+    @staticmethod
+    def table(data: dict[str, Any]) -> str:
+        return table(data)
+
+
+def _routers(text: str | None) -> list[str]:
+    names = [x.strip() for x in (text or ",".join(ROUTERS)).split(",") if x.strip()]
+    if not names:
+        raise ValueError(f"--router must name at least one of {', '.join(ROUTERS)}")
+    unknown = [x for x in names if x not in ROUTERS]
+    if unknown:
+        raise ValueError(f"unknown router {', '.join(unknown)}; choose from {', '.join(ROUTERS)}")
+    return names
+
+
+def table(data: dict[str, Any]) -> str:
+    """Cluster rows as a fixed-width table, one row per (memory, router, policy)."""
+    first = data["results"][0] if data["results"] else {}
+    head = (
+        f"{'memory':>7} {'router':<12} {'policy':<12} {'tok hit':>8} {'req hit':>8} "
+        f"{'TTFT p50':>9} {'TTFT p95':>9} {'TTFT mean':>9} {'credited':>13} "
+        f"{'over-credit':>12} {'imbalance':>9}"
+    )
+    lines = [
+        f"trace {data['trace']['name']}: {data['trace']['requests']} requests; model "
+        f"{data['model']['name']}; {first.get('instances', '?')} instances (memory is per "
+        f"instance), router lag {first.get('router_lag_s', 0) * 1e3:g} ms",
+        head,
+        "-" * len(head),
+    ]
+    for r in data["results"]:
+        lines.append(
+            f"{r['memory_gb']:>5g}GB {r['router']:<12} {r['policy']:<12} "
+            f"{r['token_hit_rate']:>8.1%} {r['request_hit_rate']:>8.1%} "
+            f"{_seconds(r['ttft_p50_s'])} {_seconds(r['ttft_p95_s'])} {r['ttft_mean_s']:>8.3f}s "
+            f"{r['credited_tokens']:>13,} {r['mispredicted_tokens']:>12,} "
+            f"{r['load_imbalance']:>9.2f}"
+        )
+    return "\n".join(lines)
+
+
+def _seconds(x: float | None) -> str:
+    """A TTFT, or '-' where nothing was served (it has none)."""
+    return f"{'-':>9}" if x is None else f"{x:>8.3f}s"
+
+
+# ------------------------------------------------------------------- merge
+
+
+def add_merge_parser(sub: Any) -> None:
+    p = sub.add_parser("merge", help="merge the shard files of a `replay --shard` sweep")
+    p.add_argument("shards", nargs="+", help="shard files (replay --shard i/N --json FILE)")
+    p.add_argument("--json", default=None, help="write the merged results here")
+    p.set_defaults(func=run_merge)
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    from mambaradix.replay.shards import ShardError, merge
+    from mambaradix.replay.sweep import table as sweep_table
+
+    try:
+        parts = [(name, _read_json(name)) for name in args.shards]
+        data = merge(parts)
+    except (ShardError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    has_router = any("router" in r for r in data["results"])
+    print(table(data) if has_router else sweep_table(data))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(data, indent=1))
+        print(f"json: {args.json}")
+    return 0
+
+
+def _read_json(name: str) -> Any:
+    try:
+        return json.loads(Path(name).read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read {name}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{name} is not JSON ({e.msg} at line {e.lineno})") from None

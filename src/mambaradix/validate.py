@@ -1,0 +1,82 @@
+"""Argument checks for the public entry points above the pools (`ServingConfig`,
+`replay`, `sweep`, `Engine`, the demo). Each helper returns a clean value or
+raises `TypeError` / `ValueError` whose message starts with the parameter's
+name; none changes anything, so an entry point that calls them first is left
+as it was when they raise."""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+
+from mambaradix.pools._checks import as_count, as_int, as_positive
+
+__all__ = [
+    "as_bool",
+    "as_count",
+    "as_int",
+    "as_positive",
+    "as_real",
+    "as_token_ids",
+    "as_type",
+]
+
+
+def as_real(
+    value: object,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """`value` as a finite float within [low, high] (an open end when `*_open`);
+    ints and floats are accepted, bools, strings and nan/inf are not."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    if low is not None and (x < low or (low_open and x == low)):
+        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low:g}, got {value}")
+    if high is not None and (x > high or (high_open and x == high)):
+        raise ValueError(f"{name} must be {'<' if high_open else '<='} {high:g}, got {value}")
+    return x
+
+
+def as_bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def as_type(value: object, cls: type, name: str) -> None:
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
+
+
+def as_token_ids(value: object, name: str, vocab_size: int) -> list[int]:
+    """A non-empty sequence of token ids in [0, vocab_size) as a list of ints
+    (numpy / torch integer scalars accepted; bools, floats and strings not)."""
+    if not isinstance(value, Sequence) and hasattr(value, "tolist"):
+        value = value.tolist()  # a numpy array or a torch tensor
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a list of token ids, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} is empty: a prompt needs at least one token")
+    out = []
+    for i, t in enumerate(value):
+        if isinstance(t, bool):
+            raise TypeError(f"{name}[{i}] must be an int token id, got bool")
+        try:
+            tok = operator.index(t)
+        except TypeError:
+            raise TypeError(
+                f"{name}[{i}] must be an int token id, got {type(t).__name__}"
+            ) from None
+        if not 0 <= tok < vocab_size:
+            raise ValueError(f"{name}[{i}] = {tok} is outside the vocabulary [0, {vocab_size})")
+        out.append(tok)
+    return out

@@ -1,0 +1,295 @@
+"""The Python API refuses what the CLI refuses: TypeError / ValueError whose
+message names the parameter, raised before any work, leaving objects as they were."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+from mambaradix.demo import run_demo
+from mambaradix.replay.cluster import ClusterSpec
+from mambaradix.replay.models import ModelProfile, get_profile
+from mambaradix.replay.policies import make_policy
+from mambaradix.replay.run import replay
+from mambaradix.replay.serving import ServingConfig, ServingModel
+from mambaradix.replay.sweep import sweep
+from mambaradix.replay.trace import Trace, TraceRequest
+
+NAN, INF = math.nan, math.inf
+
+
+def tiny_trace() -> Trace:
+    reqs = [
+        TraceRequest(0, 0, 0.0, array("q", range(100, 140)), array("q", range(500, 505)), 40, 5),
+        TraceRequest(1, 0, 1.0, array("q", range(100, 150)), array("q", range(600, 605)), 50, 5),
+    ]
+    return Trace("tiny", reqs)
+
+
+SERVING_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"memory_gb": 0}, ValueError, "memory_gb must be > 0"),
+    ({"memory_gb": -1.0}, ValueError, "memory_gb must be > 0"),
+    ({"memory_gb": NAN}, ValueError, "memory_gb must be a finite number"),
+    ({"memory_gb": INF}, ValueError, "memory_gb must be a finite number"),
+    ({"memory_gb": True}, TypeError, "memory_gb must be a number, got bool"),
+    ({"memory_gb": "10"}, TypeError, "memory_gb must be a number, got str"),
+    ({"state_fraction": 0.0}, ValueError, "state_fraction must be > 0"),
+    ({"state_fraction": 1.0}, ValueError, "state_fraction must be < 1"),
+    ({"state_fraction": NAN}, ValueError, "state_fraction must be a finite number"),
+    ({"prefill_flops_per_s": 0}, ValueError, "prefill_flops_per_s must be > 0"),
+    ({"prefill_flops_per_s": INF}, ValueError, "prefill_flops_per_s must be a finite"),
+    ({"tpot_s": -0.1}, ValueError, "tpot_s must be >= 0"),
+    ({"chunk_tokens": 0}, ValueError, "chunk_tokens must be >= 1"),
+    ({"chunk_tokens": 512.0}, TypeError, "chunk_tokens must be an int, got float"),
+    ({"chunk_tokens": True}, TypeError, "chunk_tokens must be an int, got bool"),
+    ({"max_running": 0}, ValueError, "max_running must be >= 1"),
+    ({"rate": 0.0}, ValueError, "rate must be > 0"),
+    ({"rate": NAN}, ValueError, "rate must be a finite number"),
+    ({"sequential": 1}, TypeError, "sequential must be a bool, got int"),
+    ({"page_size": 0}, ValueError, "page_size must be >= 1"),
+    ({"page_size": 16.0}, TypeError, "page_size must be an int, got float"),
+    ({"track_interval": -1}, ValueError, "track_interval must be >= 1"),
+    (
+        {"page_size": 16, "track_interval": 100},
+        ValueError,
+        r"track_interval \(100\) must be a multiple of page_size \(16\)",
+    ),
+    ({"kv_units": 100}, ValueError, "kv_units and state_slots: give both"),
+    ({"kv_units": 0, "state_slots": 4}, ValueError, "kv_units must be >= 1"),
+    ({"kv_units": 64, "state_slots": True}, TypeError, "state_slots must be an int, got bool"),
+]
+
+
+@pytest.mark.parametrize(("kw", "exc", "says"), SERVING_BAD)
+def test_serving_config(kw: dict[str, Any], exc: type[Exception], says: str) -> None:
+    with pytest.raises(exc, match=f"^{says}"):
+        ServingConfig(**{"memory_gb": 1.0, **kw})
+
+
+def test_replay_entry() -> None:
+    trace, prof, cfg = tiny_trace(), get_profile("marconi-7b"), ServingConfig(1.0)
+    with pytest.raises(TypeError, match="^trace must be a Trace, got list"):
+        replay(trace.requests, prof, "sglang", cfg)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="^profile must be a ModelProfile, got str"):
+        replay(trace, "marconi-7b", "sglang", cfg)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="^cfg must be a ServingConfig, got float"):
+        replay(trace, prof, "sglang", 1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="^policy_name: unknown policy lru; choose from sglang"):
+        replay(trace, prof, "lru", cfg)
+    with pytest.raises(ValueError, match="has no requests"):
+        replay(Trace("empty", []), prof, "sglang", cfg)
+    with pytest.raises(ValueError, match="^policy_name: unknown policy marconi@-1; choose from"):
+        replay(trace, prof, "marconi@-1", cfg)
+    with pytest.raises(TypeError, match="^per_request must be a bool, got int"):
+        replay(trace, prof, "sglang", cfg, per_request=1)  # type: ignore[arg-type]
+
+
+def test_replay_memory_that_holds_no_request() -> None:
+    # marconi-7b: 65,536 B per KV token, 26.8 MB per state. 0.001 GB holds
+    # int(1e6 x 10/19) // 65,536 = 8 KV tokens and no state: nothing can run.
+    # Request 1: admitted alone when 50 prompt + 5 new + 1 stays below the
+    # pool (57 tokens), with two states (the one it reuses and its copy).
+    prof = get_profile("marconi-7b")
+    f = 0.9 / 1.9
+    need = max(57 * 65536 / (1 - f), 2 * prof.state_bytes / f) / 1e9
+    with pytest.raises(ValueError) as e:
+        replay(tiny_trace(), prof, "sglang", ServingConfig(0.001))
+    msg = str(e.value)
+    assert msg.startswith("memory_gb 0.001 GB holds 8 KV tokens and 0 states: no request fits")
+    assert "the largest, request 1 (session 1, turn 0: 50 prompt + 5 new) needs a pool of 57" in msg
+    gb = float(msg.split("use at least ")[1].split(" GB")[0])
+    assert need <= gb < need + 0.02
+    # The serving model agrees: that much serves request 1, 0.01 GB less does not.
+    assert replay(tiny_trace(), prof, "sglang", ServingConfig(gb))["dropped"] == 0
+    try:
+        model = ServingModel(tiny_trace(), prof, make_policy("sglang"), ServingConfig(gb - 0.01))
+    except ValueError as too_small:
+        assert "too small" in str(too_small)
+    else:
+        model.run()
+        assert tiny_trace().requests[1].input_tokens in [r.input_tokens for r in model.dropped]
+
+
+def test_replay_policy_that_cannot_run_at_the_page() -> None:
+    trace, prof = tiny_trace(), get_profile("marconi-7b")
+    cfg = ServingConfig(1.0, page_size=16)
+    with pytest.raises(ValueError, match=r"^policy_name: sglang \(no_buffer\) needs page_size 1"):
+        replay(trace, prof, "sglang", cfg)
+    assert replay(trace, prof, "sglang-extra-buffer", cfg)["served"] == 2
+    seq = replace(cfg, sequential=True)
+    with pytest.raises(ValueError, match="^page_size 16 needs the split pools: sequential"):
+        replay(trace, prof, "sglang-extra-buffer", seq)
+
+
+SWEEP_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"policies": []}, TypeError, "policies must be a non-empty list of names"),
+    ({"policies": "sglang"}, TypeError, "policies must be a non-empty list of names"),
+    ({"policies": ["sglang", 3]}, TypeError, r"policies\[1\] must be a str, got int"),
+    ({"policies": ["sglang", "sglang"]}, ValueError, "policies: 'sglang' is given twice"),
+    ({"policies": ["nope"]}, ValueError, "policies: unknown policy nope"),
+    ({"memories": []}, TypeError, "memories must be a non-empty list of numbers"),
+    ({"memories": [1.0, NAN]}, ValueError, r"memories\[1\] must be a finite number"),
+    ({"memories": [0.0]}, ValueError, r"memories\[0\] must be > 0"),
+    ({"memories": [True]}, TypeError, r"memories\[0\] must be a number, got bool"),
+    ({"memories": [0.001]}, ValueError, "memories 0.001 GB holds 8 KV tokens and 0 states"),
+    ({"state_fractions": [1.2]}, ValueError, r"state_fractions\[0\] must be < 1"),
+    ({"workers": 0}, ValueError, "workers must be >= 1"),
+    ({"workers": 1.5}, TypeError, "workers must be an int, got float"),
+    (
+        {"policies": ["marconi-oracle"], "routers": ["round-robin"], "cluster": ClusterSpec(2)},
+        ValueError,
+        r"policies: marconi-oracle \(a run per alpha\) is not run over instances",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kw", "exc", "says"), SWEEP_BAD)
+def test_sweep_entry(kw: dict[str, Any], exc: type[Exception], says: str) -> None:
+    args: dict[str, Any] = {
+        "trace": tiny_trace(),
+        "profile": get_profile("marconi-7b"),
+        "policies": ["sglang"],
+        "memories": [1.0],
+        "base": ServingConfig(1.0),
+        "workers": 1,
+        "progress": False,
+    }
+    with pytest.raises(exc, match=f"^{says}"):
+        sweep(**{**args, **kw})
+
+
+def test_model_profile_still_checks_its_fields() -> None:
+    prof = get_profile("marconi-7b")
+    with pytest.raises(TypeError, match="state_bytes must be an int"):
+        replace(prof, state_bytes=1.5)
+    assert isinstance(prof, ModelProfile)
+
+
+@pytest.mark.parametrize(
+    ("args", "exc", "says"),
+    [
+        ((0, 2, 1000, 4, 64, 0), ValueError, "sessions must be >= 1"),
+        ((2, 2.0, 1000, 4, 64, 0), TypeError, "turns must be an int, got float"),
+        ((2, 2, True, 4, 64, 0), TypeError, "kv_tokens must be an int, got bool"),
+        ((2, 2, 1000, 1, 64, 0), ValueError, "slots must be >= 2"),
+        ((2, 2, 1000, 4, 0, 0), ValueError, "chunk must be >= 1"),
+        ((2, 2, 1000, 4, 64, -1), ValueError, "seed must be >= 0"),
+        ((2, 2, 100, 4, 64, 0), ValueError, "kv_tokens 100 is too small: request"),
+        ((2, 2, 1000, 4, 64.0, 0), TypeError, "chunk must be an int, got float"),
+    ],
+)
+def test_demo_entry(args: tuple[Any, ...], exc: type[Exception], says: str) -> None:
+    with pytest.raises(exc, match=f"^{says}"):
+        run_demo(*args)
+
+
+# ------------------------------------------------------------------ engine
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    from mambaradix.engine import Engine
+
+    torch.set_num_threads(1)
+    return Engine(model="nemotron-h-tiny", kv_tokens=64, state_slots=4, chunk_size=16)
+
+
+ENGINE_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"model": 3}, TypeError, "model must be a preset name or a path, got int"),
+    ({"seed": -1}, ValueError, "seed must be >= 0"),
+    ({"seed": 1.0}, TypeError, "seed must be an int, got float"),
+    ({"prefix_cache": 1}, TypeError, "prefix_cache must be a bool, got int"),
+    ({"kv_tokens": 0}, ValueError, "kv_tokens must be >= 1"),
+    ({"kv_tokens": 64.0}, TypeError, "kv_tokens must be an int, got float"),
+    ({"kv_tokens": True}, TypeError, "kv_tokens must be an int, got bool"),
+    ({"state_slots": 1}, ValueError, "state_slots must be >= 2 with prefix_cache=True and no_b"),
+    ({"chunk_size": 0}, ValueError, "chunk_size must be >= 1"),
+    ({"max_running": False}, TypeError, "max_running must be an int, got bool"),
+    ({"max_context": 0}, ValueError, "max_context must be >= 1"),
+    ({"dtype": "float32"}, TypeError, "dtype must be a floating torch.dtype, got 'float32'"),
+    ({"dtype": torch.int64}, TypeError, "dtype must be a floating torch.dtype, got torch.int64"),
+    ({"batch_decode": 1}, TypeError, "batch_decode must be a bool, got int"),
+    ({"deterministic": "yes"}, TypeError, "deterministic must be a bool, got str"),
+    (
+        {"deterministic": True, "strategy": "extra_buffer", "state_slots": 4},
+        ValueError,
+        "deterministic=True needs strategy='no_buffer'",
+    ),
+    ({"device": "tpu"}, ValueError, "device: 'tpu' is not a torch device"),
+    ({"device": "meta"}, ValueError, r"device must be 'cpu' or 'cuda\[:N\]', got 'meta'"),
+    ({"model_overrides": [1]}, TypeError, "model_overrides must be a dict, got list"),
+    ({"page_size": 0}, ValueError, "page_size must be >= 1"),
+    ({"page_size": 16}, ValueError, "page_size 16 needs strategy='extra_buffer'"),
+    ({"strategy": "paged"}, ValueError, "strategy must be one of no_buffer, extra_buffer"),
+    ({"compat": "vllm"}, ValueError, "compat must be None or 'sglang', got 'vllm'"),
+    ({"track_interval": 0}, ValueError, "track_interval must be >= 1"),
+    (
+        {"strategy": "extra_buffer", "state_slots": 3},
+        ValueError,
+        "state_slots must be >= 4 with prefix_cache=True and extra_buffer",
+    ),
+    (
+        {"strategy": "extra_buffer", "page_size": 16, "kv_tokens": 1000},
+        ValueError,
+        r"kv_tokens \(1000\) must be a multiple of page_size \(16\)",
+    ),
+    (
+        {"strategy": "extra_buffer", "page_size": 16, "chunk_size": 100},
+        ValueError,
+        r"chunk_size \(100\) must be a multiple of page_size \(16\)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kw", "exc", "says"), ENGINE_BAD)
+def test_engine_constructor(kw: dict[str, Any], exc: type[Exception], says: str) -> None:
+    from mambaradix.engine import Engine
+
+    with pytest.raises(exc, match=f"^{says}"):
+        Engine(**kw)
+
+
+def test_engine_without_cache_needs_one_slot() -> None:
+    from mambaradix.engine import Engine
+
+    eng = Engine(prefix_cache=False, kv_tokens=32, state_slots=1)
+    assert len(eng.generate([[1, 2, 3]], max_new_tokens=2)[0].output_ids) == 2
+
+
+GENERATE_BAD: list[tuple[Any, Any, type[Exception], str]] = [
+    ([[1, 2.0]], 2, TypeError, r"prompts\[0\]\[1\] must be an int token id, got float"),
+    ([[1], [True]], 2, TypeError, r"prompts\[1\]\[0\] must be an int token id, got bool"),
+    ([[1, 1024]], 2, ValueError, r"prompts\[0\]\[1\] = 1024 is outside the vocabulary \[0, 1024\)"),
+    ([[-1]], 2, ValueError, r"prompts\[0\]\[0\] = -1 is outside the vocabulary"),
+    ([[]], 2, ValueError, r"prompts\[0\] is empty"),
+    (["abc"], 2, TypeError, r"prompts\[0\] must be a list of token ids, got str"),
+    ([1, 2], 2, TypeError, r"prompts\[0\] must be a list of token ids, got int"),
+    ("abc", 2, TypeError, "prompts must be a list of token-id lists, got str"),
+    ([[1]], 1.5, TypeError, "max_new_tokens must be an int, got float"),
+    ([[1]], True, TypeError, "max_new_tokens must be an int, got bool"),
+    ([[1]], -1, ValueError, "max_new_tokens must be >= 0"),
+    # 57 + 6 + 1 = 64 is not strictly below the 64-token pool
+    ([[1] * 57], 6, ValueError, r"prompts\[0\] needs a KV pool of 65 tokens \(57 prompt \+ 6"),
+]
+
+
+@pytest.mark.parametrize(("prompts", "new", "exc", "says"), GENERATE_BAD)
+def test_engine_generate(
+    engine: Any, prompts: Any, new: Any, exc: type[Exception], says: str
+) -> None:
+    before = engine.stats()
+    with pytest.raises(exc, match=f"^{says}"):
+        engine.generate(prompts, max_new_tokens=new)
+    assert engine.stats() == before  # nothing ran, nothing counted
+    engine.check()
+
+
+def test_engine_generate_accepts_what_fits_exactly(engine: Any) -> None:
+    # 56 prompt + 6 new + 1 = 63 < 64: the largest prompt admitted alone.
+    assert len(engine.generate([list(range(56))], max_new_tokens=6)[0].output_ids) == 6
+    engine.check()
