@@ -1,6 +1,6 @@
 """The replay evaluation: its output is the README's results section.
 
-    .venv/bin/python bench/evaluate.py                     # the evaluation (about 12 min, 2 idle cores)
+    .venv/bin/python bench/evaluate.py                     # the evaluation (12 min, 2 idle cores)
     .venv/bin/python bench/evaluate.py --material tuning   # the same protocol on tuning material
 
 Every policy (and every ablation of ours) at every point of:
