@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mambaradix.demo import run_demo
+from mambaradix.replay.cluster import ClusterSpec
 from mambaradix.replay.models import ModelProfile, get_profile
 from mambaradix.replay.policies import make_policy
 from mambaradix.replay.run import replay
@@ -82,6 +83,10 @@ def test_replay_entry() -> None:
         replay(trace, prof, "lru", cfg)
     with pytest.raises(ValueError, match="has no requests"):
         replay(Trace("empty", []), prof, "sglang", cfg)
+    with pytest.raises(ValueError, match="^policy_name: unknown policy marconi@-1; choose from"):
+        replay(trace, prof, "marconi@-1", cfg)
+    with pytest.raises(TypeError, match="^per_request must be a bool, got int"):
+        replay(trace, prof, "sglang", cfg, per_request=1)  # type: ignore[arg-type]
 
 
 def test_replay_memory_that_holds_no_request() -> None:
@@ -135,6 +140,11 @@ SWEEP_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"state_fractions": [1.2]}, ValueError, r"state_fractions\[0\] must be < 1"),
     ({"workers": 0}, ValueError, "workers must be >= 1"),
     ({"workers": 1.5}, TypeError, "workers must be an int, got float"),
+    (
+        {"policies": ["marconi-oracle"], "routers": ["round-robin"], "cluster": ClusterSpec(2)},
+        ValueError,
+        r"policies: marconi-oracle \(a run per alpha\) is not run over instances",
+    ),
 ]
 
 

@@ -111,6 +111,11 @@ def test_replay_numbers(
             "--page-size 16 needs the split pools: sequential",
         ),
         (["--instances", "2", "--plot", "r.png"], "--plot has no effect with --instances"),
+        (
+            ["--instances", "2", "--policy", "marconi,marconi-oracle"],
+            "--policy marconi-oracle (a run per alpha) has no --instances form",
+        ),
+        (["--policy", "marconi@0.5"], "--policy: unknown policy marconi@0.5; choose from"),
     ],
 )
 def test_replay_choices_and_paths(
@@ -183,13 +188,13 @@ def test_replay_too_few_states_for_extra_buffer(
 def test_replay_page_size_leaves_out_no_buffer_policies(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from mambaradix.replay.policies import POLICIES
+    from mambaradix.replay.policies import SINGLE_RUN  # the default: all but marconi-oracle
 
     args = ["replay", "--trace", "tiny.jsonl", "--model", "marconi-7b", "--memory", "1"]
     args += ["--page-size", "16", "--workers", "1", "--no-progress", "--json", "r.json"]
     assert main(args) == 0
     err = capsys.readouterr().err.strip().splitlines()
-    no_buffer = [p for p in POLICIES if p != "sglang-extra-buffer"]
+    no_buffer = [p for p in SINGLE_RUN if p != "sglang-extra-buffer"]
     why = "no_buffer needs --page-size 1 on a token-level trace, got 16"
     assert err == [f"warning: --page-size 16: left out {', '.join(no_buffer)} ({why})"]
     data = json.loads((cwd / "r.json").read_text())

@@ -20,7 +20,7 @@ import pytest
 from mambaradix.index import Overlap
 from mambaradix.replay.cluster import Cluster, ClusterSpec, cluster_replay, routable
 from mambaradix.replay.models import ModelProfile, get_profile
-from mambaradix.replay.policies import POLICIES
+from mambaradix.replay.policies import SINGLE_RUN
 from mambaradix.replay.routers import (
     ROUTERS,
     Hybrid,
@@ -334,7 +334,7 @@ def small_traces() -> list[Trace]:
 
 def check_one_instance(trace: Trace, cfg: ServingConfig, routers: list[str]) -> None:
     profile = get_profile("nemotron-h-8b")
-    for policy in POLICIES:
+    for policy in SINGLE_RUN:  # marconi-oracle (a run per alpha) has no cluster form
         single = replay(trace, profile, policy, cfg)
         for router in routers:
             row = cluster_replay(trace, profile, policy, cfg, router, ClusterSpec(1))
@@ -496,7 +496,7 @@ def test_random_traces_keep_every_instance_consistent() -> None:
         c = Cluster(
             trace,
             TINY,
-            rng.choice(list(POLICIES)),
+            rng.choice(SINGLE_RUN),
             cfg,
             make_router(router),
             ClusterSpec(n, router_lag_s=rng.choice([0.0, 0.5])),

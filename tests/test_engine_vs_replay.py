@@ -51,6 +51,9 @@ CASES = [
         },
     ),
     (MambaRadix, {"kv_tokens": 420, "state_slots": 10, "chunk_size": 32}),
+    # ours where every state slot is contended: admission compares with the
+    # state it would displace, and eviction ranks by learned value
+    (MambaRadix, {"kv_tokens": 360, "state_slots": 6, "chunk_size": 16}),
 ]
 
 
@@ -78,7 +81,14 @@ def attach(policy: Any, eng: Engine) -> None:
     1-token units, the engine's own pools."""
     mgr = eng.mgr
     ctx = PolicyContext(
-        unit_profile(), 1, 32, 1, mgr.kv.capacity, mgr.slots.capacity, mgr.slots.available_size
+        unit_profile(),
+        1,
+        32,
+        1,
+        mgr.kv.capacity,
+        mgr.slots.capacity,
+        mgr.slots.available_size,
+        tree=mgr.tree,
     )
     policy.attach(ctx)
 

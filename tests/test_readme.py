@@ -27,6 +27,7 @@ SLOW = (
     "engine",
     "bench/bench_",
     "replay_table",
+    "evaluate.py",
     "--sequential",
     "swe-agent",
     "scripts/main.sh",

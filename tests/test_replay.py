@@ -28,6 +28,7 @@ from mambaradix.pools import StateSlotAllocator, TokenKVAllocator
 from mambaradix.replay.bound import bound_hit_tokens, bound_token_hit_rate
 from mambaradix.replay.models import ModelProfile, get_profile
 from mambaradix.replay.policies import (
+    ORACLE,
     POLICIES,
     VLLM,
     Marconi,
@@ -39,7 +40,7 @@ from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.replay.workloads import agent_loop, multi_turn, shared_prefix
 
-ALL = list(POLICIES)
+ALL = [p for p in POLICIES if p != ORACLE]  # one policy each (the oracle is a set of runs)
 
 # A hand-built profile: 1000 B of KV per token, a 20 kB state. vLLM's block is
 # the attention block padded to one state's bytes: ceil(20000 / 1000) = 20
@@ -122,6 +123,9 @@ RETRY_HITS = {
     # vllm: block 32. Prefill state at 40 // 32 * 32 = 32, decode crossings at
     # 64 (<= 69); no finish insert. The 39-token lookup reaches the state at 32.
     "vllm": [0, BLOCK, BLOCK],
+    # vllm-all: a state at every block boundary: 32 in prefill (range(32, 40,
+    # 32)), 64 while decoding. The same hits as align here.
+    "vllm-all": [0, BLOCK, BLOCK],
     # marconi: 1st has no branch point (empty tree), finish at 69. 2nd matches
     # 39 tokens of KV but no state (0), and checkpoints its branch point at 39
     # (kv_hit_len 39 < n_in 40). 3rd hits 39.
@@ -144,6 +148,7 @@ SESSION_HITS = {
     "sglang-extra-buffer": [0, 0],  # no tracked state below 64 / 256 (see RETRY_HITS)
     "sglang-used": [0, 69],
     "vllm": [0, 69 // BLOCK * BLOCK],
+    "vllm-all": [0, 69 // BLOCK * BLOCK],  # the same states: 32, and 64 while decoding
     "marconi": [0, 69],
     "mambaradix": [0, 69],
 }
@@ -168,10 +173,15 @@ SHARED_HITS = {
     # vllm: chunk = max(32, 20 // 32 * 32) = 32; ends 32 and 60 -> aligned 32;
     # decode crossing 64 (= committed). Hits floor(50 / 32) * 32 = 32.
     "vllm": [0] + [50 // BLOCK * BLOCK] * 3,
+    # vllm-all: every boundary below 60: only 32 (and 64 while decoding).
+    "vllm-all": [0] + [50 // BLOCK * BLOCK] * 3,
     # marconi: the 2nd finds 50 tokens of KV but no state there: hit 0, and it
     # checkpoints the branch point 50. Pays off from the 3rd occurrence.
     "marconi": [0, 0, 50, 50],
-    "mambaradix": [0, 0, 50, 50],  # the same branch-point checkpoint
+    # mambaradix: with free slots it also keeps chunk ends (20, 40) besides
+    # input - 1 (59) and the finish (64): the 2nd reaches 40, checkpoints its
+    # branch point 50, and the 3rd and 4th hit 50.
+    "mambaradix": [0, 40, 50, 50],
 }
 
 
@@ -417,9 +427,10 @@ def test_marconi_admits_at_most_two_checkpoints_per_sequence() -> None:
     assert max(sglang_gained) > 2
 
 
-def marconi_with_ctx(alpha: float, state_capacity: int = 10) -> Marconi:
+def marconi_with_ctx(tree: MambaRadixCache, alpha: float, state_capacity: int = 10) -> Marconi:
     pol = Marconi(alpha=alpha)
-    pol.attach(PolicyContext(TINY, 1, 8192, TINY.kv_bytes_per_token, 100, state_capacity))
+    ctx = PolicyContext(TINY, 1, 8192, TINY.kv_bytes_per_token, 100, state_capacity, tree=tree)
+    pol.attach(ctx)
     return pol
 
 
@@ -446,24 +457,24 @@ def build_tree() -> tuple[MambaRadixCache, dict[str, object]]:
 
 def test_marconi_alpha_zero_ranks_by_recency() -> None:
     tree, n = build_tree()
-    pol = marconi_with_ctx(alpha=0.0)
+    pol = marconi_with_ctx(tree, alpha=0.0)
     # Y has two children: not a candidate. The rest in LRU order.
-    assert pol._ranked(tree, leaves_only=False) == [n["Z"], n["W"], n["V"], n["X"]]
-    assert pol._ranked(tree, leaves_only=True) == [n["Z"], n["V"], n["X"]]
+    assert pol.ranked(tree, leaves_only=False) == [n["Z"], n["W"], n["V"], n["X"]]
+    assert pol.ranked(tree, leaves_only=True) == [n["Z"], n["V"], n["X"]]
 
 
 def test_marconi_large_alpha_ranks_by_flop_efficiency() -> None:
     tree, _ = build_tree()
-    pol = marconi_with_ctx(alpha=1e9)
-    ranked = pol._ranked(tree, leaves_only=False)
-    eff = [pol._flop_efficiency(node) for node in ranked]
+    pol = marconi_with_ctx(tree, alpha=1e9)
+    ranked = pol.ranked(tree, leaves_only=False)
+    eff = [pol.flop_efficiency(node) for node in ranked]
     assert eff == sorted(eff) and len(set(eff)) == len(eff)
-    assert ranked != marconi_with_ctx(alpha=0.0)._ranked(tree, leaves_only=False)
+    assert ranked != marconi_with_ctx(tree, alpha=0.0).ranked(tree, leaves_only=False)
 
 
 def test_marconi_alpha_zero_evicts_in_lru_order_among_nodes_with_at_most_one_child() -> None:
     tree, _ = build_tree()
-    pol = marconi_with_ctx(alpha=0.0)  # state_capacity 10: one state per eviction call
+    pol = marconi_with_ctx(tree, alpha=0.0)  # state_capacity 10: one state per eviction call
     victims, kv_freed = [], []
     for _ in range(5):
         r = pol.evict(tree, 0, 1)

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from mambaradix.cli import main
-from mambaradix.replay.checks import policy_strategy
+from mambaradix.replay.checks import policy_state_bytes, policy_strategy
 from mambaradix.replay.fit import TRACK_SLOTS, check_memory, fit, pools_for
 from mambaradix.replay.models import ModelProfile, get_profile
-from mambaradix.replay.policies import POLICIES, make_policy
+from mambaradix.replay.policies import SINGLE_RUN, make_policy
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.sweep import sweep, table
@@ -118,13 +118,20 @@ def test_the_least_pool_by_hand(
 def test_never_fit_is_what_the_serving_model_drops(page: int, gb: float) -> None:
     tr, prof = multi_turn(sessions=16, seed=0), get_profile("marconi-7b")
     cfg = ServingConfig(gb, page_size=page, track_interval=256)
-    for policy in POLICIES:
+    for policy in SINGLE_RUN:
         strategy = policy_strategy(policy)
         if page > 1 and strategy == "no_buffer":
             continue
+        state_bytes = policy_state_bytes(policy, prof)  # vLLM's: padded to a page
+        if pools_for(prof, 1, cfg, state_bytes).states < 2:  # pools the model cannot build
+            with pytest.raises(ValueError, match="too small"):
+                ServingModel(tr, prof, make_policy(policy), cfg)
+            with pytest.raises(ValueError, match="states for a request that reuses one"):
+                check_memory(tr, prof, cfg, {policy: strategy})
+            continue
         model = ServingModel(tr, prof, make_policy(policy), cfg)
         model.run()
-        predicted = fit(tr, prof, cfg, TRACK_SLOTS[strategy]).never_fit
+        predicted = fit(tr, prof, cfg, TRACK_SLOTS[strategy], state_bytes).never_fit
         assert 0 < len(predicted) < len(tr) or gb == 0.5
         if model.cache.slots.capacity >= 2 + TRACK_SLOTS[strategy]:
             assert dropped_indices(model) == predicted, policy

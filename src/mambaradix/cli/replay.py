@@ -45,7 +45,12 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", default="mooncake", help="bundled name or path to a JSONL trace")
     p.add_argument("--model", default="nemotron-h-8b", help="model profile name")
     p.add_argument("--memory", type=reals(0), default=DEFAULT_MEMORY, help="GB, e.g. 10,20,40")
-    p.add_argument("--policy", type=names, default=None, help="comma-separated (default: all)")
+    p.add_argument(
+        "--policy",
+        type=names,
+        default=None,
+        help="comma-separated (default: all but marconi-oracle, which is a run per alpha)",
+    )
     p.add_argument("--sequential", action="store_true", help="Marconi's simulator discipline")
     p.add_argument(
         "--state-fraction",
@@ -148,7 +153,7 @@ def run_sweep(
 def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, ScaleOut]:
     """Everything that needs no trace: model, policies, option combinations."""
     from mambaradix.replay.models import get_profile
-    from mambaradix.replay.policies import POLICIES
+    from mambaradix.replay.policies import ORACLE, POLICIES
     from mambaradix.replay.serving import ServingConfig
 
     try:
@@ -167,6 +172,8 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
         raise UsageError(
             f"--policy: unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}"
         )
+    if scale.cluster is not None and ORACLE in (args.policy or []):
+        raise UsageError(f"--policy {ORACLE} (a run per alpha) has no --instances form")
     if args.sequential and args.state_fraction:
         raise UsageError("--state-fraction has no effect with --sequential (one shared budget)")
     track = args.track_interval or default_track_interval(args.page_size)
@@ -202,10 +209,10 @@ def pick_policies(
     default list left out (name -> why; said on stderr). An explicit
     `--policy` that cannot run at the page size is a usage error."""
     from mambaradix.replay.checks import policy_strategy, unpaged_policies
-    from mambaradix.replay.policies import POLICIES
+    from mambaradix.replay.policies import SINGLE_RUN
 
     try:
-        unpaged = unpaged_policies(args.policy or list(POLICIES), trace, base)
+        unpaged = unpaged_policies(args.policy or SINGLE_RUN, trace, base)
     except ValueError as e:
         raise UsageError(f"--{str(e).replace('_', '-', 1)}") from None
     why = f"no_buffer needs --page-size 1 on a token-level trace, got {args.page_size}"
@@ -214,7 +221,7 @@ def pick_policies(
             f"--policy {', '.join(unpaged)}: {why}; extra_buffer policies "
             "(sglang-extra-buffer) take any page size"
         )
-    policies = [p for p in args.policy or list(POLICIES) if p not in unpaged]
+    policies = [p for p in args.policy or SINGLE_RUN if p not in unpaged]
     if not policies:
         raise UsageError(f"--page-size {args.page_size}: no policy runs at it ({why})")
     if unpaged:

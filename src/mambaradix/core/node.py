@@ -47,7 +47,6 @@ class TreeNode:
         "kv",
         "st",
         "id",
-        "meta",
     )
 
     _ids = 0
@@ -70,7 +69,6 @@ class TreeNode:
         self.st = Link(self)
         TreeNode._ids += 1
         self.id = TreeNode._ids
-        self.meta: Any = None  # free for eviction policies (per-node bookkeeping)
 
     @property
     def is_tombstone(self) -> bool:

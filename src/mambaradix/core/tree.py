@@ -739,6 +739,18 @@ class MambaRadixCache:
     def node_count(self) -> int:
         return self.lru[KV].size
 
+    # ------------------------------------------------------ recency (read-only)
+
+    def state_clock(self) -> int:
+        """The state list's logical clock: it ticks once each time a state is
+        added or used (moved to the most-recently-used end)."""
+        return self.lru[STATE].clock
+
+    def state_last_use(self, node: TreeNode) -> int:
+        """`state_clock()` when `node`'s state was last added or used (0 for a
+        node that holds none). Policies read recency here, not in the lists."""
+        return node.st.stamp if node.state is not None else 0
+
     # ------------------------------------------------------------- inspection
 
     def _nodes(self) -> list[TreeNode]:

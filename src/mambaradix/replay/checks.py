@@ -10,6 +10,7 @@ from mambaradix.validate import as_bool, as_positive, as_real, as_type
 
 if TYPE_CHECKING:
     from mambaradix.replay.models import ModelProfile
+    from mambaradix.replay.policies import Policy
     from mambaradix.replay.serving import ServingConfig
     from mambaradix.replay.trace import Trace
 
@@ -51,11 +52,12 @@ def check_inputs(trace: Trace, profile: ModelProfile, cfg: ServingConfig) -> Non
 
 
 def check_policies(policies: object, name: str = "policies") -> list[str]:
-    """A non-empty list of known policy names, without repeats."""
-    from mambaradix.replay.policies import POLICIES
+    """A non-empty list of known policy names (`policies.is_known`: the
+    POLICIES, our ablations, `marconi@ALPHA`), without repeats."""
+    from mambaradix.replay.policies import POLICIES, is_known
 
     names = _str_list(policies, name)
-    unknown = [p for p in names if p not in POLICIES]
+    unknown = [p for p in names if not is_known(p)]
     if unknown:
         raise ValueError(
             f"{name}: unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}"
@@ -65,9 +67,19 @@ def check_policies(policies: object, name: str = "policies") -> list[str]:
 
 def policy_strategy(policy: str) -> str:
     """The lifecycle strategy a known policy runs (`no_buffer`, `extra_buffer`)."""
-    from mambaradix.replay.policies import POLICIES
+    return str(_instance(policy).strategy)
 
-    return str(POLICIES[policy]().strategy)
+
+def policy_state_bytes(policy: str, profile: ModelProfile) -> int:
+    """Bytes of one state slot as a known policy's upstream holds it (vLLM pads
+    a state to its page)."""
+    return _instance(policy).state_bytes(profile)
+
+
+def _instance(policy: str) -> Policy:
+    from mambaradix.replay.policies import ORACLE, make_policy
+
+    return make_policy("marconi" if policy == ORACLE else policy)
 
 
 def unpaged_policies(policies: list[str], trace: Trace, cfg: ServingConfig) -> list[str]:

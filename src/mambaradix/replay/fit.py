@@ -70,11 +70,15 @@ def held_units(r: TraceRequest) -> int:
     return prompt + new - 1
 
 
-def pools_for(profile: ModelProfile, unit_tokens: int, cfg: ServingConfig) -> Pools:
-    """The pool sizes `ServingModel` builds for this profile and configuration."""
+def pools_for(
+    profile: ModelProfile, unit_tokens: int, cfg: ServingConfig, state_bytes: int | None = None
+) -> Pools:
+    """The pool sizes `ServingModel` builds for this profile and configuration,
+    for a policy whose state slot costs `state_bytes` (default: the profile's;
+    `Policy.state_bytes`)."""
     page = page_units(cfg.page_size, unit_tokens)
     budget = int(cfg.memory_gb * 1e9)
-    kvb, sb = profile.kv_bytes_per_token * unit_tokens, profile.state_bytes
+    kvb, sb = profile.kv_bytes_per_token * unit_tokens, state_bytes or profile.state_bytes
     if cfg.kv_units is not None and cfg.state_slots is not None:
         return Pools(cfg.kv_units, cfg.state_slots, budget, False, page, kvb, sb)
     if cfg.sequential:
@@ -103,13 +107,18 @@ def _kv_units_needed(r: TraceRequest, page: int) -> int:
 
 
 def gb_needed(
-    profile: ModelProfile, unit_tokens: int, cfg: ServingConfig, r: TraceRequest, track: int
+    profile: ModelProfile,
+    unit_tokens: int,
+    cfg: ServingConfig,
+    r: TraceRequest,
+    track: int,
+    state_bytes: int | None = None,
 ) -> float:
     """The least memory (GB, in steps of 0.01) that serves `r` alone, at
     `cfg`'s state fraction or shared budget, with the states a request that
     reuses one holds (`track` slots: 0 no_buffer, 2 extra_buffer)."""
     cfg = replace(cfg, kv_units=None, state_slots=None)  # sized by memory, not exact
-    p = pools_for(profile, unit_tokens, replace(cfg, memory_gb=1.0))
+    p = pools_for(profile, unit_tokens, replace(cfg, memory_gb=1.0), state_bytes)
     kv = _kv_units_needed(r, p.page) * p.kv_unit_bytes
     states = slots_alone(track) * p.state_bytes
     need: float = kv + states
@@ -117,7 +126,8 @@ def gb_needed(
         need = max(kv / (1 - cfg.state_fraction), states / cfg.state_fraction)
     gb = math.ceil(need / 1e7) / 100
     for _ in range(100):  # int() truncations in the pool split can cost a unit or a state
-        if _serves(pools_for(profile, unit_tokens, replace(cfg, memory_gb=gb)), r, track):
+        at = pools_for(profile, unit_tokens, replace(cfg, memory_gb=gb), state_bytes)
+        if _serves(at, r, track):
             break
         gb = round(gb + 0.01, 2)
     return gb
@@ -132,16 +142,23 @@ def _serves(pools: Pools, r: TraceRequest, track: int) -> bool:
     return servable(pools, r, track) and pools.states >= slots_alone(track)
 
 
-def fit(trace: Trace, profile: ModelProfile, cfg: ServingConfig, track_slots: int = 0) -> Fit:
+def fit(
+    trace: Trace,
+    profile: ModelProfile,
+    cfg: ServingConfig,
+    track_slots: int = 0,
+    state_bytes: int | None = None,
+) -> Fit:
     """The `Fit` of `trace` at `cfg`'s memory point, for a policy holding
-    `track_slots` (0: no_buffer, 2: extra_buffer)."""
-    pools = pools_for(profile, trace.unit_tokens, cfg)
+    `track_slots` (0: no_buffer, 2: extra_buffer) states of `state_bytes`
+    (default: the profile's)."""
+    pools = pools_for(profile, trace.unit_tokens, cfg, state_bytes)
     reqs = trace.requests
     never = [i for i, r in enumerate(reqs) if not servable(pools, r, track_slots)]
     units = [_kv_units_needed(r, pools.page) for r in reqs]
     small = min(range(len(units)), key=units.__getitem__)
     large = max(range(len(units)), key=units.__getitem__)
-    gb = gb_needed(profile, trace.unit_tokens, cfg, reqs[large], track_slots)
+    gb = gb_needed(profile, trace.unit_tokens, cfg, reqs[large], track_slots, pools.state_bytes)
     return Fit(pools, never, (small, units[small]), (large, units[large]), gb)
 
 
@@ -172,11 +189,16 @@ def check_memory(
     """The `Fit` at this memory point (for the policy that holds the most
     states); ValueError naming `name` when, for one of the policies in
     `strategies` (policy -> strategy), the state pool is too small for a
-    request that reuses a state, or not one request fits."""
-    fits: dict[int, Fit] = {}
+    request that reuses a state, or not one request fits. A known policy's
+    states cost what it says (`checks.policy_state_bytes`: vLLM pads them)."""
+    from mambaradix.replay.checks import policy_state_bytes
+    from mambaradix.replay.policies import is_known
+
+    fits: dict[tuple[int, int], Fit] = {}
     for policy, strategy in strategies.items():
         track = TRACK_SLOTS[strategy]
-        f = fits[track] = fits.get(track) or fit(trace, profile, cfg, track)
+        sb = policy_state_bytes(policy, profile) if is_known(policy) else profile.state_bytes
+        f = fits[(track, sb)] = fits.get((track, sb)) or fit(trace, profile, cfg, track, sb)
         _check_point(trace, cfg, f, f"policy {policy} ({strategy})", track, name)
     return fits[max(fits)]
 

@@ -11,25 +11,58 @@ from typing import Any
 from mambaradix.replay.checks import check_inputs, check_paged, check_policies, policy_strategy
 from mambaradix.replay.fit import check_memory
 from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.policies import Marconi, make_policy
+from mambaradix.replay.policies import FIXED_ALPHA, ORACLE, Marconi, make_policy
+from mambaradix.replay.policies.constants import MARCONI_TUNING_WINDOW, ORACLE_ALPHAS
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace
+from mambaradix.validate import as_bool
 
-TUNING_WINDOW = 1000  # requests replayed per alpha when Marconi tunes
+
+def oracle_runs() -> list[str]:
+    """The runs `marconi-oracle` is made of: Marconi at each alpha of its grid."""
+    return [f"{FIXED_ALPHA}{a:g}" for a in ORACLE_ALPHAS]
+
+
+def oracle_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`marconi-oracle` from its runs: the one with the highest token hit rate
+    (the first in grid order among equals), with every alpha's hit rate."""
+    best = max(runs, key=lambda r: r["token_hit_rate"])
+    out = dict(best)
+    out["policy"] = ORACLE
+    out["oracle_grid"] = {str(r["alpha"]): r["token_hit_rate"] for r in runs}
+    out["replay_s"] = sum(r["replay_s"] for r in runs)
+    return out
 
 
 def replay(
-    trace: Trace, profile: ModelProfile, policy_name: str, cfg: ServingConfig
+    trace: Trace,
+    profile: ModelProfile,
+    policy_name: str,
+    cfg: ServingConfig,
+    per_request: bool = False,
 ) -> dict[str, Any]:
-    """Run the serving model and return the metrics of one (policy, memory) point.
+    """Run the serving model and return the metrics of one (policy, memory)
+    point. `marconi-oracle` runs Marconi once per alpha of its grid. With
+    `per_request`, also `request_hits`: each request's hit tokens, in trace
+    order (0 for a dropped request).
 
     TypeError / ValueError (naming the parameter) for inputs of the wrong type,
-    an unknown policy, a page size the policy cannot run at, or a memory point
-    at which no request of the trace fits (`fit.check_memory`)."""
+    an unknown policy (`policies.is_known`: ablations and `marconi@ALPHA` too),
+    a page size the policy cannot run at, or a memory point at which no request
+    of the trace fits (`fit.check_memory`)."""
     check_inputs(trace, profile, cfg)
     check_policies([policy_name], "policy_name")
+    as_bool(per_request, "per_request")
     check_paged([policy_name], trace, cfg, "policy_name")
     check_memory(trace, profile, cfg, {policy_name: policy_strategy(policy_name)})
+    if policy_name == ORACLE:
+        return oracle_result([_replay(trace, profile, n, cfg, per_request) for n in oracle_runs()])
+    return _replay(trace, profile, policy_name, cfg, per_request)
+
+
+def _replay(
+    trace: Trace, profile: ModelProfile, policy_name: str, cfg: ServingConfig, per_request: bool
+) -> dict[str, Any]:
     policy = make_policy(policy_name)
     model = ServingModel(trace, profile, policy, cfg)
     attach_tuner(model)
@@ -41,6 +74,11 @@ def replay(
     out["requests_per_s"] = len(trace) / elapsed if elapsed else 0.0
     if isinstance(policy, Marconi):
         out["alpha"] = policy.alpha
+    if per_request:
+        hits = [0] * len(trace)
+        for o in model.outcomes:
+            hits[o.request] = o.hit_tokens
+        out["request_hits"] = hits
     return out
 
 
@@ -56,7 +94,7 @@ def _window_flops(
 ) -> float:
     """Marconi's tuner: replay the recent requests with a fixed alpha (sequentially,
     from an empty cache of the same size) and report the FLOPs saved."""
-    window = model.admitted[-TUNING_WINDOW:]
+    window = model.admitted[-MARCONI_TUNING_WINDOW:]
     sub = Trace(model.trace.name, list(window), model.trace.unit_tokens)
     s = ServingModel(sub, profile, Marconi(alpha=alpha), replace(cfg, sequential=True))
     s.run()

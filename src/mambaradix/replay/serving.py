@@ -201,6 +201,7 @@ class ServingModel:
     def __post_init__(self) -> None:
         self.units = Units(self.trace)
         self.kv_unit_bytes = self.profile.kv_bytes_per_token * self.units.unit
+        self.state_bytes = self.policy.state_bytes(self.profile)
         self.clock = VirtualClock(self.cfg.tpot_s)
         self.cache = self._build_cache()
         self.forward = VirtualForward(self.profile, self.units, self.cfg, self.clock)
@@ -228,10 +229,10 @@ class ServingModel:
         if self.cfg.kv_units is not None and self.cfg.state_slots is not None:
             kv, slots = exact_pools(self.cfg.kv_units, self.cfg.state_slots, page)
         elif self.cfg.sequential:
-            kv, slots = shared_pools(budget, self.kv_unit_bytes, self.profile.state_bytes)
+            kv, slots = shared_pools(budget, self.kv_unit_bytes, self.state_bytes)
         else:
             kv, slots = split_pools(
-                budget, self.cfg.state_fraction, self.kv_unit_bytes, self.profile.state_bytes, page
+                budget, self.cfg.state_fraction, self.kv_unit_bytes, self.state_bytes, page
             )
         longest = max(r.input_units.__len__() + len(r.output_units) for r in self.trace.requests)
         rows = 1 if self.cfg.sequential else self.cfg.max_running
@@ -267,6 +268,9 @@ class ServingModel:
             self.cache.kv.capacity,
             self.cache.slots.capacity,
             self.cache.slots.available_size,
+            tree=self.cache.tree,
+            state_bytes=self.state_bytes,
+            shared_memory=self.cfg.sequential and self.cfg.kv_units is None,
         )
 
     # ------------------------------------------------------------------- run

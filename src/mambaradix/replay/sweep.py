@@ -23,6 +23,7 @@ from mambaradix.replay.executors import run_on
 from mambaradix.replay.fit import check_memory
 from mambaradix.replay.forked import run_forked
 from mambaradix.replay.models import ModelProfile
+from mambaradix.replay.policies import ORACLE
 from mambaradix.replay.progress import Counter, counter
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.shards import Shard, shard_header
@@ -114,6 +115,8 @@ def _cells(
     With a cluster, each instance has `memory` of its own: the same checks hold."""
     check_inputs(trace, profile, base)
     policies = check_policies(policies)
+    if cluster is not None and ORACLE in policies:
+        raise ValueError(f"policies: {ORACLE} (a run per alpha) is not run over instances")
     check_paged(policies, trace, base, "policies")
     strategies = {p: policy_strategy(p) for p in policies}
     memories = check_reals(memories, "memories", low=0)

@@ -1,0 +1,439 @@
+"""The replay evaluation: its output is the README's results section.
+
+    .venv/bin/python bench/evaluate.py                     # the evaluation (12 min, 2 idle cores)
+    .venv/bin/python bench/evaluate.py --material tuning   # the same protocol on tuning material
+
+Every policy (and every ablation of ours) at every point of:
+
+* the bundled real traces (mooncake, swe-agent, chitchat, mt-bench) and
+* the synthetic generators (multi-turn, shared-prefix, agent) at seeds 0-4,
+
+in both disciplines: `serving` (the concurrent serving model, Nemotron-H-8B)
+and `sequential` (Marconi's discipline, one request at a time, one shared byte
+budget, the marconi-7b profile), at 3-4 memory sizes each (`MEMORY`). To
+finish in 15 minutes on 2 cores, Mooncake is its first 6,000 of 12,031
+requests (`--limit 0` for all).
+
+Verdicts. Our policy against each other policy at a point: the margin is the
+difference of token hit rates; the spread is the sample standard deviation of
+the paired per-part differences: per seed for a synthetic generator, per
+fold for a real trace (its sessions dealt into 5 folds by order of first
+appearance; one replay, each fold's hit rate). A win where the margin exceeds
+the spread, a loss where it is below minus the spread, a tie otherwise.
+
+`--material tuning` swaps in material the evaluation never sees: the
+synthetic generators at seeds 100-104 and `chitchat-heldout` (chitchat
+conversations 300-599; the evaluation's chitchat is conversations 0-299).
+Our policy's constants were set on that material only
+(`mambaradix/replay/policies/constants.py`).
+
+Writes OUT.md (the tables) and OUT.json (every result); prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mambaradix.replay.bound import bound_token_hit_rate
+from mambaradix.replay.models import get_profile
+from mambaradix.replay.policies import ABLATIONS, ORACLE
+from mambaradix.replay.policies.constants import RANK_SAMPLE
+from mambaradix.replay.run import oracle_result, oracle_runs, replay
+from mambaradix.replay.serving import ServingConfig
+from mambaradix.replay.trace import Trace
+from mambaradix.replay.workloads import agent_loop, load, multi_turn, shared_prefix
+
+OURS = "mambaradix"
+POLICIES = [
+    "sglang",
+    "sglang-extra-buffer",
+    "sglang-used",
+    "vllm",
+    "vllm-all",
+    "marconi",
+    ORACLE,
+    OURS,
+]
+DISCIPLINES = {  # name: (model profile, sequential)
+    "serving": ("nemotron-h-8b", False),
+    "sequential": ("marconi-7b", True),
+}
+MEMORY: dict[
+    str, dict[str, list[float]]
+] = {  # GB per discipline: from pressure to (near) the plateau
+    "mooncake": {"serving": [20, 40, 80, 160], "sequential": [20, 40, 80, 160]},
+    "swe-agent": {"serving": [1, 2, 5, 10], "sequential": [1, 2, 3, 5]},
+    "chitchat": {"serving": [1, 2, 5, 10], "sequential": [1, 2, 5, 10]},
+    "mt-bench": {"serving": [1, 2, 5], "sequential": [1, 2, 5]},
+    "synthetic": {"serving": [1, 2, 5], "sequential": [0.5, 1, 2]},
+}
+GENERATORS = {
+    "synthetic-multi-turn": multi_turn,
+    "synthetic-shared-prefix": shared_prefix,
+    "synthetic-agent": agent_loop,
+}
+SEEDS = {"evaluation": list(range(5)), "tuning": list(range(100, 105))}
+REAL = {
+    "evaluation": ["mooncake", "swe-agent", "chitchat", "mt-bench"],
+    "tuning": ["chitchat-heldout"],
+}
+FOLDS = 5
+MOONCAKE_LIMIT = 6000  # of 12,031 requests, to finish in 15 minutes on 2 cores
+HELDOUT = (300, 600)  # chitchat conversations of the tuning material
+
+_TRACES: dict[str, Trace] = {}  # loaded before the workers fork
+
+
+@dataclass(frozen=True)
+class Job:
+    trace: str  # key in _TRACES
+    discipline: str
+    memory: float
+    run: str  # a policy, an ablation, or one alpha of the oracle
+
+
+def load_chitchat_heldout() -> Trace:
+    """Chitchat conversations 300-599, loaded as `load("chitchat")` loads 0-299."""
+    from mambaradix.replay.workloads import load_chitchat
+    from mambaradix.replay.workloads.sources import _chitchat_path
+
+    with open(_chitchat_path(), encoding="utf-8") as f:
+        data = json.load(f)
+    part = dict(list(data.items())[HELDOUT[0] : HELDOUT[1]])
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as tmp:
+        json.dump(part, tmp)
+    try:
+        trace = load_chitchat(n=len(part), path=tmp.name)
+    finally:
+        os.unlink(tmp.name)
+    trace.name = "chitchat-heldout"
+    return trace
+
+
+def load_material(material: str, limit: int | None) -> dict[str, list[str]]:
+    """Fill _TRACES; return each workload's trace keys (one, or one per seed)."""
+    groups: dict[str, list[str]] = {}
+    for name in REAL[material]:
+        trace = load_chitchat_heldout() if name == "chitchat-heldout" else load(name)
+        if limit and name == "mooncake":
+            trace.requests = trace.requests[:limit]
+        _TRACES[name] = trace
+        groups[name] = [name]
+    for name, gen in GENERATORS.items():
+        groups[name] = []
+        for seed in SEEDS[material]:
+            key = f"{name}#{seed}"
+            _TRACES[key] = gen(seed=seed)
+            groups[name].append(key)
+    return groups
+
+
+def memories(workload: str, discipline: str) -> list[float]:
+    table = MEMORY["synthetic" if workload.startswith("synthetic") else workload.split("-held")[0]]
+    return [float(m) for m in table[discipline]]
+
+
+NO_TUNING = "marconi/without-tuning"
+"""Marconi at alpha 0 (its start, LRU on nodes with at most one child): the
+oracle's first run, shown as the ablation of Marconi's tuner."""
+
+
+def runs_of(row: str, discipline: str, memory: float) -> list[str]:
+    """The runs a row's cell is made of. An ablation that cannot change a
+    decision at this point is the policy itself (not run twice): the free
+    pass exists only with split pools, and sampling only with more than
+    RANK_SAMPLE states."""
+    if row == ORACLE:
+        return list(oracle_runs())
+    if row == NO_TUNING:
+        return ["marconi@0"]
+    if row == "mambaradix/without-free-pass" and discipline == "sequential":
+        return [OURS]
+    if row == "mambaradix/without-sampling" and state_slots(discipline, memory) <= RANK_SAMPLE:
+        return [OURS]
+    return [row]
+
+
+def state_slots(discipline: str, memory: float) -> int:
+    """The most states the pools hold (split pools: the state pool; one
+    shared budget: all of it in states)."""
+    model, sequential = DISCIPLINES[discipline]
+    share = 1.0 if sequential else ServingConfig(memory_gb=memory).state_fraction
+    return int(memory * 1e9 * share) // get_profile(model).state_bytes
+
+
+def run_job(job: Job) -> tuple[Job, dict[str, Any]]:
+    model, sequential = DISCIPLINES[job.discipline]
+    cfg = ServingConfig(memory_gb=job.memory, sequential=sequential)
+    trace = _TRACES[job.trace]
+    r = replay(trace, get_profile(model), job.run, cfg, per_request=True)
+    keep = ("policy", "token_hit_rate", "alpha", "replay_s", "states_evicted", "dropped")
+    out = {k: r[k] for k in keep if k in r}
+    out["folds"] = fold_rates(trace, r["request_hits"])
+    return job, out
+
+
+def fold_rates(trace: Trace, hits: list[int]) -> list[float]:
+    """Token hit rate per fold of sessions (dealt in order of first appearance)."""
+    fold_of: dict[object, int] = {}
+    num, den = [0] * FOLDS, [0] * FOLDS
+    for r, h in zip(trace.requests, hits, strict=True):
+        f = fold_of.setdefault(r.session_id, len(fold_of) % FOLDS)
+        num[f] += h
+        den[f] += r.input_tokens
+    return [n / d if d else 0.0 for n, d in zip(num, den, strict=True)]
+
+
+def cost(job: Job) -> float:
+    """A rough relative cost, to start the longest jobs first."""
+    weight = 3 if job.run == "marconi" or job.run.startswith(OURS) else 1
+    return len(_TRACES[job.trace]) * weight
+
+
+def run_all(jobs: list[Job], workers: int) -> list[tuple[Job, dict[str, Any]]]:
+    jobs = sorted(jobs, key=cost, reverse=True)
+    done: list[tuple[Job, dict[str, Any]]] = []
+    if workers <= 1:
+        return [run_job(j) for j in jobs]
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+        futures = [pool.submit(run_job, j) for j in jobs]
+        for i, f in enumerate(as_completed(futures), 1):
+            done.append(f.result())
+            if i % 200 == 0 or i == len(jobs):
+                print(f"  {i}/{len(jobs)} runs", file=sys.stderr, flush=True)
+    return done
+
+
+# ------------------------------------------------------------------ results
+
+
+def collect(
+    groups: dict[str, list[str]], rows: list[str], done: list[tuple[Job, dict[str, Any]]]
+) -> dict[str, Any]:
+    """results[workload][discipline][memory][row] = {'rate', 'parts', 'spread', ...}."""
+    by_key = {(j.trace, j.discipline, j.memory, j.run): r for j, r in done}
+    out: dict[str, Any] = {}
+    for workload, keys in groups.items():
+        for disc in DISCIPLINES:
+            for mem in memories(workload, disc):
+                cells = out.setdefault(workload, {}).setdefault(disc, {}).setdefault(mem, {})
+                for row in rows:
+                    per_trace = []
+                    for k in keys:
+                        runs = [by_key[(k, disc, mem, run)] for run in runs_of(row, disc, mem)]
+                        per_trace.append(oracle_result(runs) if row == ORACLE else runs[0])
+                    cells[row] = _cell(per_trace, synthetic=len(keys) > 1)
+    return out
+
+
+def _cell(per_trace: list[dict[str, Any]], synthetic: bool) -> dict[str, Any]:
+    rates = [r["token_hit_rate"] for r in per_trace]
+    parts = rates if synthetic else per_trace[0]["folds"]
+    cell: dict[str, Any] = {
+        "rate": statistics.fmean(rates),
+        "parts": parts,
+        "spread": statistics.stdev(rates) if synthetic else 0.0,
+    }
+    alphas = [r["alpha"] for r in per_trace if "alpha" in r]
+    if alphas:
+        cell["alpha"] = alphas
+    return cell
+
+
+def verdict(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[str, float, float]:
+    margin = ours["rate"] - theirs["rate"]
+    diffs = [a - b for a, b in zip(ours["parts"], theirs["parts"], strict=True)]
+    spread = statistics.stdev(diffs)
+    if margin > spread:
+        return "win", margin, spread
+    if margin < -spread:
+        return "loss", margin, spread
+    return "tie", margin, spread
+
+
+def point_verdict(cells: dict[str, Any], others: list[str]) -> tuple[str, list[str]]:
+    """Against every other policy at one point: 'loss' if any loss, else 'win'
+    if a win against the best other, else 'tie'; and who beats us."""
+    losses = [p for p in others if verdict(cells[OURS], cells[p])[0] == "loss"]
+    if losses:
+        return "loss", losses
+    best = max(others, key=lambda p: cells[p]["rate"])
+    return verdict(cells[OURS], cells[best])[0], []
+
+
+def fmt(cell: dict[str, Any], synthetic: bool, bold: bool) -> str:
+    text = f"{cell['rate']:.1%}"
+    if synthetic:
+        text += f" ± {cell['spread']:.1%}"
+    return f"**{text}**" if bold else text
+
+
+def table(
+    cells_at: dict[float, Any], rows: list[str], head: str, synth: bool
+) -> tuple[str, list[str]]:
+    """One workload in one discipline (policies, our verdict, ablations); and
+    the verdict at each memory point."""
+    others = [p for p in POLICIES if p != OURS]
+    mems = list(cells_at)
+    lines = [head, "", "| policy | " + " | ".join(f"{m:g} GB" for m in mems) + " |"]
+    lines.append("|---|" + "---|" * len(mems))
+    verdicts, marks = [], []
+    for m in mems:
+        v, beaten_by = point_verdict(cells_at[m], others)
+        verdicts.append(v)
+        marks.append(v + (f" ({', '.join(beaten_by)})" if beaten_by else ""))
+    for row in rows:
+        cells = []
+        for m in mems:
+            best = max(cells_at[m][q]["rate"] for q in POLICIES)
+            cell = cells_at[m][row]
+            cells.append(fmt(cell, synth, row in POLICIES and cell["rate"] >= best - 1e-12))
+        name = row if row in POLICIES else f"*{row}*"
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        if row == POLICIES[-1]:
+            lines.append(f"| *{OURS} vs all* | " + " | ".join(marks) + " |")
+    return "\n".join(lines), verdicts
+
+
+def markdown(
+    results: dict[str, Any],
+    groups: dict[str, list[str]],
+    rows: list[str],
+    bounds: dict[str, float],
+) -> tuple[str, dict[str, int], dict[str, dict[str, int]]]:
+    tally = {"win": 0, "tie": 0, "loss": 0}
+    against = {p: {"win": 0, "tie": 0, "loss": 0} for p in POLICIES if p != OURS}
+    parts: list[str] = []
+    for workload, keys in groups.items():
+        synth = len(keys) > 1
+        for disc, (model, _) in DISCIPLINES.items():
+            head = f"**{workload}**, {disc} ({model}); bound {bounds[workload]:.1%}"
+            if synth:
+                head += f"; mean ± sd over seeds {_seed_range(keys)}"
+            else:
+                head += f"; {len(_TRACES[keys[0]]):,} requests"
+            cells_at = results[workload][disc]
+            text, verdicts = table(cells_at, rows, head, synth)
+            parts.append(text)
+            for v in verdicts:
+                tally[v] += 1
+            for m in cells_at:
+                for p in against:
+                    against[p][verdict(cells_at[m][OURS], cells_at[m][p])[0]] += 1
+    return "\n\n".join(parts), tally, against
+
+
+TARGETS = [("swe-agent", "sequential"), ("chitchat", "sequential")]  # at or above the oracle
+
+
+def summary(
+    tally: dict[str, int],
+    against: dict[str, dict[str, int]],
+    results: dict[str, Any],
+    runs: int,
+    seconds: float,
+    workers: int,
+) -> str:
+    total = sum(tally.values())
+    lines = [
+        f"{OURS} against every other policy at once, per point: {tally['win']} wins, "
+        f"{tally['tie']} ties, {tally['loss']} losses of {total} points "
+        f"({runs} runs in {seconds:.0f} s with {workers} workers).",
+        "",
+        f"| {OURS} against | wins | ties | losses |",
+        "|---|---|---|---|",
+    ]
+    for p, t in against.items():
+        lines.append(f"| {p} | {t['win']} | {t['tie']} | {t['loss']} |")
+    for workload, disc in TARGETS:
+        if workload not in results:
+            continue
+        cells = results[workload][disc]
+        marks = []
+        for m, c in cells.items():
+            v, margin, spread = verdict(c[OURS], c[ORACLE])
+            marks.append(
+                f"{m:g} GB {c[OURS]['rate']:.1%} vs {c[ORACLE]['rate']:.1%} "
+                f"({v}, margin {margin:+.1%}, spread {spread:.1%})"
+            )
+        lines.append("")
+        lines.append(f"Target, {workload} {disc}, {OURS} vs {ORACLE}: " + "; ".join(marks) + ".")
+    return "\n".join(lines)
+
+
+def _seed_range(keys: list[str]) -> str:
+    seeds = [int(k.split("#")[1]) for k in keys]
+    return f"{min(seeds)}-{max(seeds)}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--material", choices=sorted(SEEDS), default="evaluation")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", default=None, help="default out/evaluation or out/tuning")
+    ap.add_argument(
+        "--limit", type=int, default=MOONCAKE_LIMIT, help="first N Mooncake requests (0: all)"
+    )
+    ap.add_argument("--only", default=None, help="comma-separated workloads (default: all)")
+    ap.add_argument("--policies", default=None, help="comma-separated rows (default: all)")
+    args = ap.parse_args()
+    start = time.perf_counter()
+    groups = load_material(args.material, args.limit)
+    if args.only:
+        groups = {w: ks for w, ks in groups.items() if w in args.only.split(",")}
+    ablations = [NO_TUNING, *ABLATIONS]
+    rows = args.policies.split(",") if args.policies else POLICIES + ablations
+    rows = list(dict.fromkeys(POLICIES + rows))
+    jobs = [
+        Job(k, d, m, run)
+        for w, keys in groups.items()
+        for k in keys
+        for d in DISCIPLINES
+        for m in memories(w, d)
+        for run in dict.fromkeys(run for row in rows for run in runs_of(row, d, m))
+    ]
+    print(f"{len(jobs)} runs on {args.workers} workers", file=sys.stderr, flush=True)
+    done = run_all(jobs, args.workers)
+    results = collect(groups, rows, done)
+    bounds = {
+        w: statistics.fmean(bound_token_hit_rate(_TRACES[k]) for k in keys)
+        for w, keys in groups.items()
+    }
+    seconds = time.perf_counter() - start
+    text, tally, against = markdown(results, groups, rows, bounds)
+    text = summary(tally, against, results, len(jobs), seconds, args.workers) + "\n\n" + text
+    out = Path(args.out or f"out/{args.material}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text + "\n")
+    dump = {
+        "material": args.material,
+        "seconds": seconds,
+        "tally": tally,
+        "against": against,
+        "results": results,
+    }
+    out.with_suffix(".json").write_text(json.dumps(dump, indent=1, default=_json))
+    print(text)
+
+
+def _json(x: object) -> object:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    raise TypeError(type(x).__name__)
+
+
+if __name__ == "__main__":
+    main()

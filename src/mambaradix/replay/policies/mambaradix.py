@@ -1,0 +1,235 @@
+"""Ours: one value model, for admission and for eviction.
+
+Every state the tree holds is an item. Its value is the prefill FLOPs it can
+be expected to save per byte it holds, per request served:
+
+    value(i) = density(class_i, age_i) * saved_i / bytes_i
+
+* `saved_i`: the FLOPs a hit on i saves over the nearest state above it
+  (what is lost if i goes);
+* `bytes_i`: what evicting i frees in the memory that is short: a state slot;
+  when KV is short, the KV only i keeps (a leaf's edge and the tombstones
+  that go with it); with one shared budget, both, in bytes;
+* `density(c, a)`: hits an item of class c at age a can still expect per
+  request, learned as the trace runs (`density.HitDensity`). The class says
+  where the state was taken (branch point, prompt end, chunk end, finished
+  sequence), whether a state lies below it (`covered`) and whether it was
+  hit before (`reused`); the age counts admitted requests since it was
+  cached, hit, or changed class. How fast value decays with age is learned
+  per class, so the recency / efficiency trade-off needs no weight.
+
+Eviction: lowest value first. Admission: every candidate (the branch point,
+input - 1, chunk ends, the finished sequence) is cached while that costs no
+eviction; otherwise only if its value at age 0 exceeds the lowest value held
+(the state it would displace). A finished sequence needs no new slot (it
+keeps its running state) and is always cached: it competes in the next
+eviction like any other item.
+
+Every constant is in `constants`, each with an ablation (`ABLATIONS`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from mambaradix.core.node import TreeNode
+from mambaradix.core.results import EvictResult
+from mambaradix.core.tree import MambaRadixCache
+from mambaradix.lifecycle import Request
+from mambaradix.replay.policies import constants as C
+from mambaradix.replay.policies.base import Policy, PolicyContext
+from mambaradix.replay.policies.density import HitDensity
+from mambaradix.replay.policies.items import Items
+from mambaradix.scheduler import CHUNK, FINISH, STOP
+
+BRANCH, PROMPT, CHUNK_END, FINISHED = "branch", "prompt", "chunk", "finish"
+
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "mambaradix/without-prior": {"prior": 0.0},
+    "mambaradix/without-classes": {"classes": False},
+    "mambaradix/without-age": {"ages": False},
+    "mambaradix/without-size": {"sizes": False},
+    "mambaradix/without-admission": {"admission": False},
+    "mambaradix/without-prompt-ends": {"prompt_ends": False},
+    "mambaradix/without-free-pass": {"free_pass": False},
+    "mambaradix/without-sampling": {"sample": 0},
+}
+"""Each ablation row of the evaluation: our policy without one constant or rule."""
+
+
+@dataclass
+class Settings:
+    prior: float = C.DENSITY_PRIOR
+    classes: bool = True  # class = (kind, covered, reused); else one class
+    ages: bool = True  # density by age; else per class only
+    sizes: bool = True  # per byte; else per item
+    admission: bool = True  # compare with the state displaced; else cache always
+    prompt_ends: bool = True  # checkpoint input - 1; else only branch points, chunk ends, finish
+    free_pass: bool = True  # split pools: a free state slot admits without comparing
+    sample: int = C.RANK_SAMPLE  # rank a sample of this many (0: every evictable state)
+
+
+class MambaRadix(Policy):
+    """Ours (see the module docstring)."""
+
+    name = "mambaradix"
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = Settings(**settings)
+        self.density = HitDensity(self.settings.prior)
+        self.planned: dict[int, dict[int, str]] = {}  # id(req) -> position -> kind
+        self.rng = random.Random(C.RANK_SEED)
+
+    def attach(self, ctx: PolicyContext) -> None:
+        super().attach(ctx)
+        assert ctx.tree is not None, "our policy keeps per-node data: the context needs the tree"
+        self.tree = ctx.tree
+        self.items = Items(ctx.tree, self._ended, self.settings.classes, self._flops)
+
+    # ------------------------------------------------------------ admission
+
+    def stops(self, req: Request) -> list[int]:
+        points: dict[int, str] = {}
+        n = req.total_len
+        if req.computed < req.kv_hit_len < n:
+            points[req.kv_hit_len] = BRANCH
+        if req.computed < n - 1 and self.settings.prompt_ends:
+            points.setdefault(n - 1, PROMPT)
+        self.planned[id(req)] = points
+        return sorted(points)
+
+    def cache_at(self, req: Request, kind: str) -> bool:
+        if kind == STOP:
+            label = self.planned.get(id(req), {}).get(req.computed, PROMPT)
+        elif kind == CHUNK:
+            label = CHUNK_END
+        else:
+            return False  # the prompt end is taken at input - 1, decoding adds none
+        return self._admit(req, label)
+
+    def insert_at_finish(self, req: Request) -> bool:
+        self.planned.pop(id(req), None)
+        return True
+
+    def _admit(self, req: Request, label: str) -> bool:
+        """Free slot: yes. Else: if worth more than the state it displaces."""
+        if not self.settings.admission:
+            return True
+        split = not self.ctx.shared_memory
+        if split and self.settings.free_pass and self.ctx.free_states() >= 1:
+            return True
+        saved = self._flops(req.computed) - self._flops(req.prefix_len)
+        cls = self.items.new_class(label, covered=True)  # the request goes on below it
+        value = self._density(cls, 0) * saved / self._new_bytes()
+        mode = "shared" if self.ctx.shared_memory else "slot"
+        lowest = self._lowest(mode)
+        return lowest is None or value > lowest
+
+    def _new_bytes(self) -> float:
+        return self.ctx.state_bytes if self.ctx.shared_memory and self.settings.sizes else 1.0
+
+    def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
+        if node is None:
+            return  # the tree had that state already
+        if kind == FINISH:
+            label = FINISHED
+        elif kind == CHUNK:
+            label = CHUNK_END
+        else:
+            label = self.planned.get(id(req), {}).get(req.prefix_len, PROMPT)
+        self.items.add(node, label, self.clock, covered=label != FINISHED)
+
+    # ---------------------------------------------------------------- hits
+
+    @property
+    def clock(self) -> int:
+        return self.items.clock
+
+    def on_admitted(self, req: Request) -> None:
+        self.items.clock += 1
+        self.density.tick()
+        node = req.node
+        if node is not None and node.parent is not None and node.state is not None:
+            self.items.hit(node, self.clock)
+
+    def _ended(self, cls: object, age: int, hit: bool) -> None:
+        self.density.record(cls, age if self.settings.ages else 0, hit)
+
+    def _density(self, cls: object, age: int) -> float:
+        return self.density.density(cls, age if self.settings.ages else 0)
+
+    # ------------------------------------------------------------ eviction
+
+    def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
+        ctx = self.ctx
+        self.items.settle()
+        if ctx.shared_memory:
+            kvb, sb = ctx.kv_unit_bytes, ctx.state_bytes
+            need = kv_units * kvb + states * sb
+            r = self.items.evict(
+                lambda: self._ranked("shared"), lambda k, s: k * kvb + s * sb >= need
+            )
+            short_kv, short_states = 0, -(-max(0, need - r.kv_tokens * kvb - r.states * sb) // sb)
+        else:
+            mode = "kv" if kv_units else "slot"
+            r = self.items.evict(
+                lambda: self._ranked(mode), lambda k, s: k >= kv_units and s >= states
+            )
+            short_kv, short_states = max(0, kv_units - r.kv_tokens), max(0, states - r.states)
+        if short_kv or short_states:  # nothing of ours left to pick: the tree's LRU
+            more = tree.evict(kv_tokens=short_kv, states=short_states)
+            r = EvictResult(
+                r.kv_tokens + len(more.freed_kv),
+                r.states + len(more.freed_states),
+                r.freed_kv + more.freed_kv,
+                r.freed_states + more.freed_states,
+            )
+        return r
+
+    def _ranked(self, mode: str) -> list[TreeNode]:
+        """Evictable states, lowest value first: all of them, or a seeded
+        sample of `RANK_SAMPLE` when there are more (LHD's method)."""
+        pool, k = self.items.nodes, self.settings.sample
+        cands: list[TreeNode] = []
+        if k and len(pool) > k:  # drawn with replacement: repeats do no harm
+            drawn = self.rng.choices(pool, k=k)
+            cands = list({n: None for n in drawn if self._evictable(n, mode)})
+        if not cands:
+            cands = [n for n in pool if self._evictable(n, mode)]
+        values = {n: self._value(n, mode) for n in cands}
+        return sorted(cands, key=values.__getitem__)
+
+    def _lowest(self, mode: str) -> float | None:
+        self.items.settle()
+        order = self._ranked(mode)
+        return self._value(order[0], mode) if order else None
+
+    @staticmethod
+    def _evictable(node: TreeNode, mode: str) -> bool:
+        if node.state_lock or node.parent is None:
+            return False
+        if node.children:
+            return mode != "kv"
+        return not node.kv_lock
+
+    def _value(self, node: TreeNode, mode: str) -> float:
+        items = self.items
+        item = items.table[node]
+        age = items.clock - item.start if self.settings.ages else 0
+        density = self.density.density(item.cls, age)
+        if not density:
+            return 0.0
+        return density * items.saved(node, item) / self._bytes(node, mode)
+
+    def _bytes(self, node: TreeNode, mode: str) -> float:
+        if mode == "slot" or not self.settings.sizes:
+            return 1.0
+        kv = 0 if node.children else self.items.kv_freed(node)
+        if mode == "kv":
+            return float(max(1, kv))
+        return float(self.ctx.state_bytes + kv * self.ctx.kv_unit_bytes)
+
+    def _flops(self, units: int) -> float:
+        return self.ctx.profile.prefill_flops(0, units * self.ctx.unit_tokens)
