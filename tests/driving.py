@@ -14,6 +14,7 @@ import random
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from mambaradix import MambaRadixCache
 from mambaradix.core.node import TreeNode
@@ -47,6 +48,26 @@ class Job:
     prompt: list[int]
     answer: list[int]
     extra_key: object = None
+
+
+def tree_snapshot(cache: MambaRadixCache) -> tuple[Any, ...]:
+    """Everything observable about a tree, LRU orders and clocks included: equal
+    snapshots before and after a refused call show it changed nothing."""
+    kv_list, st_list = cache.lru
+    return (
+        cache.pretty(),
+        cache.full_evictable_size(),
+        cache.full_protected_size(),
+        cache.state_evictable_size(),
+        cache.state_protected_size(),
+        cache.node_count(),
+        list(cache.all_kv_indices()),
+        cache.all_states(),
+        [link.node.id for link in kv_list],
+        [link.node.id for link in st_list],
+        kv_list.clock,
+        st_list.clock,
+    )
 
 
 def make_manager(

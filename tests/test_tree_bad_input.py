@@ -16,28 +16,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
+from driving import tree_snapshot
 from mambaradix import LockReceipt, MambaRadixCache
 
 # --------------------------------------------------------------------- helpers
-
-
-def snapshot(cache: MambaRadixCache) -> tuple[Any, ...]:
-    """Everything observable about a tree, including LRU order and clocks."""
-    kv_list, st_list = cache.lru
-    return (
-        cache.pretty(),
-        cache.full_evictable_size(),
-        cache.full_protected_size(),
-        cache.state_evictable_size(),
-        cache.state_protected_size(),
-        cache.node_count(),
-        list(cache.all_kv_indices()),
-        cache.all_states(),
-        [link.node.id for link in kv_list],
-        [link.node.id for link in st_list],
-        kv_list.clock,
-        st_list.clock,
-    )
 
 
 def assert_rejected(
@@ -47,12 +29,12 @@ def assert_rejected(
     match: str | None = None,
 ) -> None:
     """`call` raises `exc` (a message matching `match`) and leaves `cache` unchanged."""
-    before = snapshot(cache)
+    before = tree_snapshot(cache)
     with pytest.raises(exc, match=match) as info:
         call()
     assert not isinstance(info.value, AssertionError)
     assert str(info.value), "the exception has no message"
-    assert snapshot(cache) == before, "a rejected call changed the tree"
+    assert tree_snapshot(cache) == before, "a rejected call changed the tree"
     cache.check_invariants()
 
 
@@ -397,16 +379,16 @@ def test_unlock_node_never_locked(tree: Populated) -> None:
 
 def test_unlock_receipt_of_another_cache(tree: Populated) -> None:
     other = populate(tree.cache.compat, tree.page)
-    before_other = snapshot(other.cache)
+    before_other = tree_snapshot(other.cache)
     assert_rejected(tree.cache, lambda: tree.cache.dec_lock_ref(other.receipt), ValueError, "tree")
-    assert snapshot(other.cache) == before_other and other.receipt.active
+    assert tree_snapshot(other.cache) == before_other and other.receipt.active
 
 
 def test_lock_node_of_another_cache(tree: Populated) -> None:
     other = populate(tree.cache.compat, tree.page)
-    before_other = snapshot(other.cache)
+    before_other = tree_snapshot(other.cache)
     assert_rejected(tree.cache, lambda: tree.cache.inc_lock_ref(other.locked), ValueError, "tree")
-    assert snapshot(other.cache) == before_other  # the failed walk was rolled back
+    assert tree_snapshot(other.cache) == before_other  # the failed walk was rolled back
 
 
 def test_lock_evicted_node(tree: Populated) -> None:

@@ -40,6 +40,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from driving import tree_snapshot
 from mambaradix import LockReceipt, MambaRadixCache, MatchResult
 
 # A cached KV position: (namespace, the key up to the end of the page holding it, index).
@@ -86,23 +87,6 @@ def walk_tree(cache: MambaRadixCache) -> tuple[dict[Pos, int], dict[Path, int]]:
             states[(ns, path)] = node.state
         stack.extend((c, ns, path) for c in node.children.values())
     return kv, states
-
-
-def tree_snapshot(cache: MambaRadixCache) -> tuple[Any, ...]:
-    """Everything observable about a tree: printout, sizes, contents, LRU orders and clocks."""
-    kv_list, st_list = cache.lru
-    return (
-        cache.pretty(),
-        cache.total_size(),
-        cache.full_protected_size(),
-        cache.state_protected_size(),
-        list(cache.all_kv_indices()),
-        cache.all_states(),
-        [link.node.id for link in kv_list],
-        [link.node.id for link in st_list],
-        kv_list.clock,
-        st_list.clock,
-    )
 
 
 class Ledger:
