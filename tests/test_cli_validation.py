@@ -269,6 +269,14 @@ ENGINE = [
         ["--strategy", "extra_buffer", "--page-size", "16", "--track-interval", "40"],
         "--track-interval 40 must be a multiple of --page-size 16",
     ),
+    # no machine has a 100th GPU: without CUDA "no usable CUDA device", with it "there are N"
+    (["--device", "cuda:99"], "--device cuda:99: "),
+    (["--device", "tpu"], "--device tpu: "),
+    (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    (
+        ["--deterministic", "--strategy", "extra_buffer"],
+        "--deterministic needs --strategy no_buffer",
+    ),
 ]
 
 

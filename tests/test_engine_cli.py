@@ -23,3 +23,22 @@ def test_engine_cli_rejects_unknown_model(capsys: pytest.CaptureFixture[str]) ->
 
     assert main(["engine", "--model", "no-such-model"]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_engine_cli_bf16(capsys: pytest.CaptureFixture[str], deterministic: bool) -> None:
+    # bf16 on the CPU: with --deterministic the cache must not change the answer (exit 0);
+    # without it the exit code and the hint follow what the run found.
+    from mambaradix.cli import main
+
+    args = ["engine", "--dtype", "bfloat16", "--sessions", "4", "--max-new-tokens", "8"]
+    args += ["--chunk-size", "64", "--no-progress"] + (["--deterministic"] if deterministic else [])
+    rc = main(args)
+    out = capsys.readouterr().out
+    assert "device cpu, bfloat16" + (", deterministic" if deterministic else "") in out
+    identical = "outputs identical: yes" in out
+    assert rc == (0 if identical else 1)
+    assert identical or not deterministic
+    assert ("--deterministic cuts both on one grid" in out) == (not identical)
+    # the replay's prediction is given only where the replay models the run
+    assert ("`mambaradix replay` predicts" in out) == (not deterministic)

@@ -152,7 +152,8 @@ def compare_cache(
 ) -> dict[str, Any]:
     """Serve `sessions` with the cache on and off (same model weights) and
     summarise: identical outputs, token counts, hit rate, timings, and the
-    replay's prediction for the cached run. `on_round(n)`: called after each
+    replay's prediction for the cached run (None for a deterministic engine:
+    the replay does not cut prefills on its grid). `on_round(n)`: called after each
     round of either run with its number of requests (a progress bar)."""
     from mambaradix.engine import Engine
     from mambaradix.engine.workload import run_conversations
@@ -171,12 +172,14 @@ def compare_cache(
     out["identical"] = runs["cache"].output_ids() == runs["no cache"].output_ids()
     out["requests"] = runs["cache"].num_requests
     cached = engines["cache"]
-    predicted = replay_prediction(runs["cache"], cached, replay_policy_for(cached))
     prompt = out["cache"]["prompt_tokens"]
     out["replay"] = {
-        "token_hit_rate": sum(predicted) / prompt if prompt else 0.0,
+        "token_hit_rate": None,  # the replay does not model the deterministic grid
         "bound_token_hit_rate": bound_token_hit_rate(engine_trace(runs["cache"])),
     }
+    if not cached.deterministic:
+        predicted = replay_prediction(runs["cache"], cached, replay_policy_for(cached))
+        out["replay"]["token_hit_rate"] = sum(predicted) / prompt if prompt else 0.0
     return out
 
 

@@ -1,7 +1,7 @@
 """`mambaradix engine`: a real hybrid model served on the cache, on vs off.
 
 Order of work: parse, `validate` (the engine extra, the model, a token-level
-workload, option combinations), build the model, load the workload's
+workload, option combinations, the device), build the model, load the workload's
 sessions, check that the pools admit its largest request, then serve (a
 progress bar counts requests)."""
 
@@ -16,6 +16,7 @@ from mambaradix.cli.checks import UsageError, count
 
 TOKEN_WORKLOADS = "mt-bench, swe-agent, chitchat, synthetic-multi-turn, or a neutral JSONL file"
 STRATEGIES = ("no_buffer", "extra_buffer")
+DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
 
 
 def add(p: argparse.ArgumentParser) -> None:
@@ -47,6 +48,17 @@ def add(p: argparse.ArgumentParser) -> None:
         "--compat", choices=("sglang",), default=None, help="SGLang 0.5.15.post1's tree and rules"
     )
     p.add_argument("--seed", type=count(0), default=0)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (never falls back)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="model and pools")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="cut every prefill on one grid of --chunk-size positions, so that in bf16 the "
+        "cache does not change the answer (no_buffer only)",
+    )
+    p.add_argument(
+        "--single-decode", action="store_true", help="one forward per sequence per decode step"
+    )
     p.add_argument("--threads", type=count(1), default=1, help="torch CPU threads (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
@@ -80,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
 def validate(args: argparse.Namespace) -> dict[str, Any]:
     """Everything checked before the model is built; the engine's keyword arguments."""
     try:
+        import torch
         import transformers  # noqa: F401
 
         from mambaradix.engine.models import PRESETS
@@ -98,7 +111,12 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
             f"token ids): the engine needs token ids; use {TOKEN_WORKLOADS}"
         )
     check_paging(args)
+    device = check_device(args)
     return {
+        "device": device,
+        "dtype": getattr(torch, args.dtype),
+        "deterministic": args.deterministic,
+        "batch_decode": not args.single_decode,
         "kv_tokens": args.kv_tokens,
         "state_slots": args.state_slots,
         "chunk_size": args.chunk_size,
@@ -108,6 +126,20 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
         "compat": args.compat,
         "track_interval": args.track_interval or 256,
     }
+
+
+def check_device(args: argparse.Namespace) -> Any:
+    """The torch device asked for; UsageError if it is not one or is absent."""
+    from mambaradix.engine.device import resolve_device
+
+    if args.deterministic and args.strategy != "no_buffer":
+        raise UsageError(
+            "--deterministic needs --strategy no_buffer: states are cached only on the grid"
+        )
+    try:
+        return resolve_device(args.device)
+    except ValueError as e:
+        raise UsageError(f"--device {args.device}: {e}") from None
 
 
 def check_paging(args: argparse.Namespace) -> None:
@@ -159,7 +191,8 @@ def prepare(args: argparse.Namespace) -> list[list[list[int]]]:
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # notes on CUDA kernels
     torch.set_num_threads(args.threads)
     net = build_model(args.model, args.seed)
-    check_host_memory(net, args)
+    if torch.device(args.device).type == "cpu":  # pools on a GPU take no host memory
+        check_host_memory(net, args)
     with shown(not args.no_progress):
         sessions = load_sessions(args.workload, int(net.config.vocab_size), args.sessions)
     check_kv(sessions, args)
@@ -218,7 +251,13 @@ def print_summary(args: argparse.Namespace, n_sessions: int, data: dict[str, Any
         f"{args.model} on {args.workload}: {n_sessions} sessions, {data['requests']} requests, "
         f"{args.max_new_tokens} new tokens each (prompts carry the engine's own answers)"
     )
+    print(f"device {args.device}, {args.dtype}" + (", deterministic" if args.deterministic else ""))
     print(f"outputs identical: {'yes' if data['identical'] else 'no'}")
+    if not data["identical"] and args.dtype != "float32" and not args.deterministic:
+        print(
+            f"(in {args.dtype} a cached run computes other chunks than an uncached one and "
+            "rounds differently: --deterministic cuts both on one grid)"
+        )
     rows = [
         ("prompt tokens", "prompt_tokens", "{:,.0f}"),
         ("prefill tokens computed", "computed_prefill_tokens", "{:,.0f}"),
@@ -232,9 +271,15 @@ def print_summary(args: argparse.Namespace, n_sessions: int, data: dict[str, Any
     for label, key, fmt in rows:
         on, off = data["cache"][key], data["no cache"][key]
         print(f"{label:32}{fmt.format(on):>12}{fmt.format(off):>12}")
-    pred = data["replay"]
+    pred, saved = data["replay"], data["cache"]["hit_rate"]
+    if pred["token_hit_rate"] is None:
+        print(
+            f"prefill saved by the cache: {saved:.1%} (bound {pred['bound_token_hit_rate']:.1%}; "
+            "states only on the --deterministic grid, which `mambaradix replay` does not model)"
+        )
+        return
     print(
-        f"prefill saved by the cache: {data['cache']['hit_rate']:.1%}; `mambaradix replay` "
+        f"prefill saved by the cache: {saved:.1%}; `mambaradix replay` "
         f"predicts {pred['token_hit_rate']:.1%} for these requests and pools "
         f"(bound {pred['bound_token_hit_rate']:.1%})"
     )
