@@ -19,7 +19,7 @@ import pytest
 
 from mambaradix.index import Overlap
 from mambaradix.replay.cluster import Cluster, ClusterSpec, cluster_replay, routable
-from mambaradix.replay.models import ModelProfile, get_profile
+from mambaradix.replay.models import get_profile
 from mambaradix.replay.policies import SINGLE_RUN
 from mambaradix.replay.routers import (
     ROUTERS,
@@ -36,15 +36,8 @@ from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.replay.workloads import agent_loop, load, multi_turn
+from profiles import TINY
 
-TINY = ModelProfile(
-    name="tiny",
-    source="hand-built for tests",
-    kv_bytes_per_token=1000,
-    state_bytes=20_000,
-    linear_flops_per_token=10**9,
-    attn_flops_per_pair=10**6,
-)
 BIG = ServingConfig(memory_gb=0.05)  # 26,315 KV tokens, 1,184 states: nothing is evicted
 WALL_CLOCK = frozenset({"replay_s", "requests_per_s"})
 

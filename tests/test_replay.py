@@ -39,20 +39,10 @@ from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.replay.workloads import agent_loop, multi_turn, shared_prefix
+from profiles import TINY
 
 ALL = [p for p in POLICIES if p != ORACLE]  # one policy each (the oracle is a set of runs)
 
-# A hand-built profile: 1000 B of KV per token, a 20 kB state. vLLM's block is
-# the attention block padded to one state's bytes: ceil(20000 / 1000) = 20
-# tokens, rounded up to a multiple of 16 -> 32 tokens.
-TINY = ModelProfile(
-    name="tiny",
-    source="hand-built for tests",
-    kv_bytes_per_token=1000,
-    state_bytes=20_000,
-    linear_flops_per_token=10**9,
-    attn_flops_per_pair=10**6,
-)
 # 0.05 GB: 0.05e9 * (1 - 0.9/1.9) / 1000 = 26315 KV tokens and
 # 0.05e9 * 0.9/1.9 / 20000 = 1184 states: far more than any golden trace needs.
 BIG = 0.05
