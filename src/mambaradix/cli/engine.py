@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     engine_kw = validate(args)
-    sessions = prepare(args)
+    sessions = prepare(args, engine_kw["device"])
     total = sum(len(s) for s in sessions)
     bar = counter(2 * total, "serving (cache on, then off)", "req", show=not args.no_progress)
     try:
@@ -132,10 +132,6 @@ def check_device(args: argparse.Namespace) -> Any:
     """The torch device asked for; UsageError if it is not one or is absent."""
     from mambaradix.engine.device import resolve_device
 
-    if args.deterministic and args.strategy != "no_buffer":
-        raise UsageError(
-            "--deterministic needs --strategy no_buffer: states are cached only on the grid"
-        )
     try:
         return resolve_device(args.device)
     except ValueError as e:
@@ -143,7 +139,8 @@ def check_device(args: argparse.Namespace) -> Any:
 
 
 def check_paging(args: argparse.Namespace) -> None:
-    """Page size, strategy, slots and the sizes that must be whole pages."""
+    """Page size, strategy (and the grid mode it allows), slots and the sizes
+    that must be whole pages."""
     from mambaradix.engine.checks import min_state_slots
 
     page, extra = args.page_size, args.strategy == "extra_buffer"
@@ -154,6 +151,10 @@ def check_paging(args: argparse.Namespace) -> None:
         )
     if args.track_interval and not extra:
         raise UsageError("--track-interval has no effect without --strategy extra_buffer")
+    if args.deterministic and extra:
+        raise UsageError(
+            "--deterministic needs --strategy no_buffer: states are cached only on the grid"
+        )
     least = min_state_slots(True, args.strategy)
     if args.state_slots < least:
         raise UsageError(
@@ -180,7 +181,7 @@ def _block_level(workload: str) -> bool:
         return False  # the loader says what is wrong with it
 
 
-def prepare(args: argparse.Namespace) -> list[list[list[int]]]:
+def prepare(args: argparse.Namespace, device: Any) -> list[list[list[int]]]:
     """Torch threads, the model's memory and vocabulary, the sessions, their sizes."""
     import torch
     from transformers.utils import logging as hf_logging
@@ -191,7 +192,7 @@ def prepare(args: argparse.Namespace) -> list[list[list[int]]]:
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # notes on CUDA kernels
     torch.set_num_threads(args.threads)
     net = build_model(args.model, args.seed)
-    if torch.device(args.device).type == "cpu":  # pools on a GPU take no host memory
+    if device.type == "cpu":  # pools on a GPU take no host memory
         check_host_memory(net, args)
     with shown(not args.no_progress):
         sessions = load_sessions(args.workload, int(net.config.vocab_size), args.sessions)
