@@ -171,15 +171,15 @@ def compare_cache(
         out[label] = _summary(eng, run)
     out["identical"] = runs["cache"].output_ids() == runs["no cache"].output_ids()
     out["requests"] = runs["cache"].num_requests
-    cached = engines["cache"]
-    prompt = out["cache"]["prompt_tokens"]
-    out["replay"] = {
-        "token_hit_rate": None,  # the replay does not model the deterministic grid
-        "bound_token_hit_rate": bound_token_hit_rate(engine_trace(runs["cache"])),
-    }
+    cached, prompt = engines["cache"], out["cache"]["prompt_tokens"]
+    predicted_rate = None  # the replay does not model the deterministic grid
     if not cached.deterministic:
         predicted = replay_prediction(runs["cache"], cached, replay_policy_for(cached))
-        out["replay"]["token_hit_rate"] = sum(predicted) / prompt if prompt else 0.0
+        predicted_rate = sum(predicted) / prompt if prompt else 0.0
+    out["replay"] = {
+        "token_hit_rate": predicted_rate,
+        "bound_token_hit_rate": bound_token_hit_rate(engine_trace(runs["cache"])),
+    }
     return out
 
 
