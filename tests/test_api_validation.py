@@ -8,6 +8,7 @@ from array import array
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -293,3 +294,85 @@ def test_engine_generate_accepts_what_fits_exactly(engine: Any) -> None:
     # 56 prompt + 6 new + 1 = 63 < 64: the largest prompt admitted alone.
     assert len(engine.generate([list(range(56))], max_new_tokens=6)[0].output_ids) == 6
     engine.check()
+
+
+# --------------------------------------------------------- scheduler, sequences
+
+
+def small_scheduler(max_context: int = 64) -> tuple[Any, Any]:
+    from driving import make_manager, make_scheduler
+
+    mgr, pool = make_manager(kv_tokens=200, state_slots=8, max_context=max_context)
+    return mgr, make_scheduler(mgr, pool)
+
+
+SEQUENCE_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"prompt": [1.5, 2]}, TypeError, "prompt must be a sequence of"),
+    ({"prompt": np.array([1.0, 2.0])}, TypeError, "prompt must be a sequence of"),
+    ({"prompt": "abc"}, TypeError, "prompt must be a sequence of ints, got str"),
+    ({"prompt": None}, TypeError, "prompt must be a sequence of ints, got NoneType"),
+    ({"extra_key": [1]}, TypeError, "extra_key must be hashable, got list"),
+    ({"extra_key": (1, [2])}, TypeError, "extra_key must be hashable, got tuple"),
+    ({"decode_steps": 2.5}, TypeError, "decode_steps must be an int, got float"),
+    ({"decode_steps": True}, TypeError, "decode_steps must be an int, got bool"),
+    ({"script": [1.5, 2.0]}, TypeError, "script must be a sequence of"),
+]
+
+
+@pytest.mark.parametrize(("kw", "exc", "says"), SEQUENCE_BAD)
+def test_sequence(kw: dict[str, Any], exc: type[Exception], says: str) -> None:
+    """Refused when built: an unhashable extra_key used to pass, then raise inside
+    `Scheduler.step()` after the requests before it were matched, so that every
+    later step raised too ("already matched")."""
+    from mambaradix.scheduler import Sequence
+
+    args: dict[str, Any] = {"prompt": [1, 2, 3], "max_new_tokens": 2, **kw}
+    with pytest.raises(exc, match=f"^{says}"):
+        Sequence(**args)
+
+
+def test_sequence_accepts_numpy_and_copies_its_input() -> None:
+    from mambaradix.scheduler import Sequence
+
+    prompt = [1, 2, 3]
+    seq = Sequence(np.array(prompt), np.int64(2), decode_steps=np.int64(3))  # type: ignore[arg-type]
+    prompt.append(4)
+    assert list(seq.req.input_ids) == [1, 2, 3] and seq.total_steps == 3
+
+
+def test_submit_twice_is_refused() -> None:
+    """A sequence submitted twice used to sit twice in the waiting queue: the
+    second copy's match raised in every later step (the scheduler was stuck)."""
+    from mambaradix.scheduler import Sequence
+
+    mgr, sched = small_scheduler()
+    seq = Sequence(array("q", [1, 2, 3, 4]), 3, script=array("q", [5, 6, 7]))
+    sched.submit(seq)
+    with pytest.raises(ValueError, match="already submitted"):
+        sched.submit(seq)
+    assert sched.waiting == [seq]
+    sched.run()
+    assert list(seq.outputs) == [5, 6, 7]
+    with pytest.raises(ValueError, match="already submitted"):
+        sched.submit(seq)  # finished: not again either
+    mgr.tree.check_invariants()
+    mgr.check_conservation()
+
+
+def test_submit_of_a_sequence_the_request_table_cannot_hold() -> None:
+    """7 prompt + 4 new - 1 = 10 positions > max_context 9: used to fail half-way
+    through a step, holding the KV it had taken."""
+    from mambaradix.scheduler import Sequence
+
+    mgr, sched = small_scheduler(max_context=9)
+    long = Sequence(array("q", range(1, 8)), 4, script=array("q", [5, 6, 7, 8]))
+    with pytest.raises(ValueError, match=r"needs 10 positions .* holds 9 \(max_context\)"):
+        sched.submit(long)
+    assert not sched.waiting
+    fits = Sequence(array("q", range(1, 7)), 4, script=array("q", [5, 6, 7, 8]))  # 9 positions
+    sched.submit(fits)
+    sched.run()
+    assert list(fits.outputs) == [5, 6, 7, 8]
+    mgr.tree.check_invariants()
+    mgr.check_conservation()
+    assert mgr.kv.available_size() + mgr.tree.total_size()[0] == 200
