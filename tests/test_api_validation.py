@@ -376,3 +376,22 @@ def test_submit_of_a_sequence_the_request_table_cannot_hold() -> None:
     mgr.tree.check_invariants()
     mgr.check_conservation()
     assert mgr.kv.available_size() + mgr.tree.total_size()[0] == 200
+
+
+@pytest.mark.parametrize("compat", [None, "sglang"])
+def test_abort_after_finish_keeps_the_sequence_finished(compat: str | None) -> None:
+    """Aborting a sequence that already finished (a client gone after its answer)
+    used to relabel it ABORTED; it holds nothing, so nothing happens."""
+    from driving import make_manager, make_scheduler
+    from mambaradix.scheduler import Sequence
+
+    mgr, pool = make_manager(kv_tokens=200, state_slots=8, compat=compat)
+    sched = make_scheduler(mgr, pool)
+    seq = Sequence(array("q", [1, 2, 3, 4]), 3, script=array("q", [5, 6, 7]))
+    sched.submit(seq)
+    sched.run()
+    cached = mgr.tree.total_size()
+    sched.abort(seq)
+    assert seq.status == "finished" and list(seq.outputs) == [5, 6, 7]
+    assert mgr.tree.total_size() == cached
+    mgr.check_conservation()

@@ -107,7 +107,10 @@ class Scheduler:
         With SGLang's rules (compat="sglang") a decoding sequence stops as in SGLang
         0.5.15.post1 (`Scheduler.abort_request`, "abort method 3": `req.to_finish`): it runs
         one more decode step and then finishes like any other, its tokens cached
-        (`cache_finished_req` with is_insert=True); its status becomes ABORTED then."""
+        (`cache_finished_req` with is_insert=True); its status becomes ABORTED then.
+        A sequence that already ended holds nothing: aborting it changes nothing."""
+        if seq.status in (FINISHED, ABORTED):
+            return
         if seq.status == RUNNING and self.cache.tree.compat == "sglang":
             seq.to_finish = True
             return
