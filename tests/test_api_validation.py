@@ -3,6 +3,7 @@ message names the parameter, raised before any work, leaving objects as they wer
 
 from __future__ import annotations
 
+import json
 import math
 from array import array
 from dataclasses import replace
@@ -395,3 +396,19 @@ def test_abort_after_finish_keeps_the_sequence_finished(compat: str | None) -> N
     assert seq.status == "finished" and list(seq.outputs) == [5, 6, 7]
     assert mgr.tree.total_size() == cached
     mgr.check_conservation()
+
+
+def test_serving_config_takes_numpy_ints_as_ints() -> None:
+    """numpy ints pass the checks (operator.index); they used to stay numpy and
+    make the replay fail half-way (the tree takes a plain int page_size)."""
+    trace, prof = tiny_trace(), get_profile("marconi-7b")
+    fields = {"chunk_tokens": 512, "page_size": 1, "track_interval": 256, "max_running": 8}
+    cfg = ServingConfig(1.0, **{k: np.int64(v) for k, v in fields.items()})
+    assert all(type(getattr(cfg, k)) is int for k in fields)
+    got = replay(trace, prof, "sglang", cfg)
+    want = replay(trace, prof, "sglang", ServingConfig(1.0, **fields))
+    wall = ("replay_s", "requests_per_s")  # timings of this run
+    assert {k: v for k, v in got.items() if k not in wall} == {
+        k: v for k, v in want.items() if k not in wall
+    }
+    json.dumps(got)
