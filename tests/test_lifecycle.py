@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from array import array
 
+import numpy as np
 import pytest
 
 from driving import (
@@ -431,3 +432,19 @@ def test_abort_refuses_a_request_staged_by_another_manager() -> None:
     m1.abort(req)
     conserved(m1)
     conserved(m2)
+
+
+@pytest.mark.parametrize("key_len", [2.0, True, "2", None])
+def test_match_refuses_a_key_len_that_is_not_an_int(key_len: object) -> None:
+    """A float used to pass the range check and fail slicing the tokens, with a
+    message that named nothing."""
+    mgr, _ = make_manager(kv_tokens=100, state_slots=4)
+    mgr.finish(admitted(mgr, [1, 2, 3]))
+    req = Request(array("q", [1, 2, 3, 4]))
+    before = manager_snapshot(mgr, req)
+    with pytest.raises(TypeError, match="^key_len must be an int"):
+        mgr.match(req, key_len)  # type: ignore[arg-type]
+    assert manager_snapshot(mgr, req) == before
+    assert mgr.match(req, np.int64(3)) and req.prefix_len == 3  # numpy ints are ints
+    mgr.abort(req)
+    conserved(mgr)

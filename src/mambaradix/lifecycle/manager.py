@@ -163,6 +163,9 @@ class CacheManager:
         False, with nothing staged, if no slot can be had for it."""
         if req in self.active or req.node is not None:
             raise ValueError("request is already matched or admitted")
+        if isinstance(key_len, bool) or not hasattr(key_len, "__index__"):
+            raise TypeError(f"key_len must be an int, got {type(key_len).__name__}")
+        key_len = operator.index(key_len)
         if not 0 <= key_len <= req.total_len:
             raise ValueError(f"key_len={key_len} outside [0, {req.total_len}]")
         m = self.tree.match_prefix(req.tokens[:key_len], req.extra_key)
