@@ -3,11 +3,13 @@ message names the parameter, raised before any work, leaving objects as they wer
 
 from __future__ import annotations
 
+import json
 import math
 from array import array
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -293,3 +295,120 @@ def test_engine_generate_accepts_what_fits_exactly(engine: Any) -> None:
     # 56 prompt + 6 new + 1 = 63 < 64: the largest prompt admitted alone.
     assert len(engine.generate([list(range(56))], max_new_tokens=6)[0].output_ids) == 6
     engine.check()
+
+
+# --------------------------------------------------------- scheduler, sequences
+
+
+def small_scheduler(max_context: int = 64) -> tuple[Any, Any]:
+    from driving import make_manager, make_scheduler
+
+    mgr, pool = make_manager(kv_tokens=200, state_slots=8, max_context=max_context)
+    return mgr, make_scheduler(mgr, pool)
+
+
+SEQUENCE_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"prompt": [1.5, 2]}, TypeError, "prompt must be a sequence of"),
+    ({"prompt": np.array([1.0, 2.0])}, TypeError, "prompt must be a sequence of"),
+    ({"prompt": "abc"}, TypeError, "prompt must be a sequence of ints, got str"),
+    ({"prompt": None}, TypeError, "prompt must be a sequence of ints, got NoneType"),
+    ({"extra_key": [1]}, TypeError, "extra_key must be hashable, got list"),
+    ({"extra_key": (1, [2])}, TypeError, "extra_key must be hashable, got tuple"),
+    ({"decode_steps": 2.5}, TypeError, "decode_steps must be an int, got float"),
+    ({"decode_steps": True}, TypeError, "decode_steps must be an int, got bool"),
+    ({"script": [1.5, 2.0]}, TypeError, "script must be a sequence of"),
+]
+
+
+@pytest.mark.parametrize(("kw", "exc", "says"), SEQUENCE_BAD)
+def test_sequence(kw: dict[str, Any], exc: type[Exception], says: str) -> None:
+    """Refused when built: an unhashable extra_key used to pass, then raise inside
+    `Scheduler.step()` after the requests before it were matched, so that every
+    later step raised too ("already matched")."""
+    from mambaradix.scheduler import Sequence
+
+    args: dict[str, Any] = {"prompt": [1, 2, 3], "max_new_tokens": 2, **kw}
+    with pytest.raises(exc, match=f"^{says}"):
+        Sequence(**args)
+
+
+def test_sequence_accepts_numpy_and_copies_its_input() -> None:
+    from mambaradix.scheduler import Sequence
+
+    prompt = [1, 2, 3]
+    seq = Sequence(np.array(prompt), np.int64(2), decode_steps=np.int64(3))  # type: ignore[arg-type]
+    prompt.append(4)
+    assert list(seq.req.input_ids) == [1, 2, 3] and seq.total_steps == 3
+
+
+def test_submit_twice_is_refused() -> None:
+    """A sequence submitted twice used to sit twice in the waiting queue: the
+    second copy's match raised in every later step (the scheduler was stuck)."""
+    from mambaradix.scheduler import Sequence
+
+    mgr, sched = small_scheduler()
+    seq = Sequence(array("q", [1, 2, 3, 4]), 3, script=array("q", [5, 6, 7]))
+    sched.submit(seq)
+    with pytest.raises(ValueError, match="already submitted"):
+        sched.submit(seq)
+    assert sched.waiting == [seq]
+    sched.run()
+    assert list(seq.outputs) == [5, 6, 7]
+    with pytest.raises(ValueError, match="already submitted"):
+        sched.submit(seq)  # finished: not again either
+    mgr.tree.check_invariants()
+    mgr.check_conservation()
+
+
+def test_submit_of_a_sequence_the_request_table_cannot_hold() -> None:
+    """7 prompt + 4 new - 1 = 10 positions > max_context 9: used to fail half-way
+    through a step, holding the KV it had taken."""
+    from mambaradix.scheduler import Sequence
+
+    mgr, sched = small_scheduler(max_context=9)
+    long = Sequence(array("q", range(1, 8)), 4, script=array("q", [5, 6, 7, 8]))
+    with pytest.raises(ValueError, match=r"needs 10 positions .* holds 9 \(max_context\)"):
+        sched.submit(long)
+    assert not sched.waiting
+    fits = Sequence(array("q", range(1, 7)), 4, script=array("q", [5, 6, 7, 8]))  # 9 positions
+    sched.submit(fits)
+    sched.run()
+    assert list(fits.outputs) == [5, 6, 7, 8]
+    mgr.tree.check_invariants()
+    mgr.check_conservation()
+    assert mgr.kv.available_size() + mgr.tree.total_size()[0] == 200
+
+
+@pytest.mark.parametrize("compat", [None, "sglang"])
+def test_abort_after_finish_keeps_the_sequence_finished(compat: str | None) -> None:
+    """Aborting a sequence that already finished (a client gone after its answer)
+    used to relabel it ABORTED; it holds nothing, so nothing happens."""
+    from driving import make_manager, make_scheduler
+    from mambaradix.scheduler import Sequence
+
+    mgr, pool = make_manager(kv_tokens=200, state_slots=8, compat=compat)
+    sched = make_scheduler(mgr, pool)
+    seq = Sequence(array("q", [1, 2, 3, 4]), 3, script=array("q", [5, 6, 7]))
+    sched.submit(seq)
+    sched.run()
+    cached = mgr.tree.total_size()
+    sched.abort(seq)
+    assert seq.status == "finished" and list(seq.outputs) == [5, 6, 7]
+    assert mgr.tree.total_size() == cached
+    mgr.check_conservation()
+
+
+def test_serving_config_takes_numpy_ints_as_ints() -> None:
+    """numpy ints pass the checks (operator.index); they used to stay numpy and
+    make the replay fail half-way (the tree takes a plain int page_size)."""
+    trace, prof = tiny_trace(), get_profile("marconi-7b")
+    fields = {"chunk_tokens": 512, "page_size": 1, "track_interval": 256, "max_running": 8}
+    cfg = ServingConfig(1.0, **{k: np.int64(v) for k, v in fields.items()})
+    assert all(type(getattr(cfg, k)) is int for k in fields)
+    got = replay(trace, prof, "sglang", cfg)
+    want = replay(trace, prof, "sglang", ServingConfig(1.0, **fields))
+    wall = ("replay_s", "requests_per_s")  # timings of this run
+    assert {k: v for k, v in got.items() if k not in wall} == {
+        k: v for k, v in want.items() if k not in wall
+    }
+    json.dumps(got)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from array import array
 
+import numpy as np
 import pytest
 
 from driving import (
@@ -20,6 +21,7 @@ from driving import (
     make_scheduler,
     multi_turn_jobs,
     sequence,
+    tree_snapshot,
 )
 from mambaradix.lifecycle import CacheManager, Request
 from mambaradix.pools import TokenKVAllocator
@@ -309,3 +311,140 @@ def test_track_slots_must_be_one_or_two() -> None:
         CacheManager(
             mgr.tree, mgr.kv, mgr.slots, pool, mgr.rows, strategy="extra_buffer", track_slots=3
         )
+
+
+# ----------------------------------------------- bad input: refused before any work
+
+
+def manager_snapshot(mgr: CacheManager, *reqs: Request) -> tuple[object, ...]:
+    """The tree, every pool's free count and the requests' cache fields."""
+    fields = [
+        (r.row, r.slot, r.track_slots, r.next_track, r.last_track_len, r.lock, r.node)
+        + (r.cow_src, r.prefix_len, r.computed, list(r.prefix_kv))
+        for r in reqs
+    ]
+    pools = (mgr.kv.available_size(), mgr.slots.available_size(), mgr.rows.available_size())
+    return tree_snapshot(mgr.tree), pools, fields, set(mgr.active), set(mgr.staged)
+
+
+def conserved(mgr: CacheManager) -> None:
+    """Tree invariants and conservation (no forward runs here, so no fingerprints)."""
+    mgr.tree.check_invariants()
+    mgr.check_conservation()
+
+
+def admitted(mgr: CacheManager, tokens: list[int], outputs: tuple[int, ...] = ()) -> Request:
+    req = Request(array("q", tokens), output_ids=array("q", outputs))
+    assert mgr.match(req, len(tokens))
+    mgr.lock(req)
+    assert mgr.alloc_extend([req], [len(tokens) - req.computed])
+    return req
+
+
+def test_extend_past_the_request_table_is_refused_before_any_work() -> None:
+    """A request longer than a row of the request table: alloc_extend used to take
+    the row, a slot and 31 KV indices, then fail writing the row, holding them."""
+    mgr, _ = make_manager(kv_tokens=100, state_slots=8, rows=2, max_context=16)
+    req = Request(array("q", range(1, 32)))
+    assert mgr.match(req, 31)
+    mgr.lock(req)
+    before = manager_snapshot(mgr, req)
+    with pytest.raises(ValueError, match="max_context"):
+        mgr.alloc_extend([req], [31])
+    assert manager_snapshot(mgr, req) == before
+    assert mgr.alloc_extend([req], [16])  # what fits still runs
+    mgr.abort(req)
+    conserved(mgr)
+    assert mgr.kv.available_size() == 100 and mgr.slots.available_size() == 8
+
+
+def test_decode_past_the_request_table_is_refused_before_any_work() -> None:
+    mgr, _ = make_manager(kv_tokens=100, state_slots=8, rows=2, max_context=16)
+    req = admitted(mgr, list(range(1, 17)), (40, 41))
+    before = manager_snapshot(mgr, req)
+    with pytest.raises(ValueError, match="max_context"):
+        mgr.alloc_decode([req])
+    assert manager_snapshot(mgr, req) == before
+    mgr.finish(req)
+    conserved(mgr)
+
+
+def test_decode_refuses_a_repeated_request() -> None:
+    """alloc_decode([r, r]) used to decode two tokens for r, past its last token
+    (a later finish then raised half-way, leaking its row, slot and lock)."""
+    mgr, _ = make_manager(kv_tokens=100, state_slots=8)
+    req = admitted(mgr, list(range(1, 9)), (50,))
+    before = manager_snapshot(mgr, req)
+    with pytest.raises(ValueError, match="distinct"):
+        mgr.alloc_decode([req, req])
+    assert manager_snapshot(mgr, req) == before
+    assert mgr.alloc_decode([req]) and req.computed == req.total_len == 9
+    mgr.finish(req)
+    conserved(mgr)
+    assert mgr.tree.total_size() == (9, 1)  # the whole sequence is cached, nothing leaked
+
+
+@pytest.mark.parametrize(
+    "position,exc,says",
+    [
+        (8.0, TypeError, "position must be an int, got float"),
+        (True, TypeError, "position must be an int, got bool"),
+        (16, ValueError, "cannot track position 16"),  # beyond what is computed
+        (4, ValueError, "below the cached prefix"),  # before the request's first token
+    ],
+)
+def test_track_refuses_a_position_it_cannot_cache(position: object, exc: type, says: str) -> None:
+    """A float, or a position inside the prefix the request reused (the forward
+    never computed a state there), used to be recorded; the next checkpoint or
+    finish then failed half-way and leaked a slot or freed the tree's KV."""
+    mgr, _ = make_manager(kv_tokens=100, state_slots=12, strategy="extra_buffer")
+    first = admitted(mgr, list(range(1, 9)))
+    mgr.track(first, 8)
+    mgr.finish(first)
+    req = admitted(mgr, list(range(1, 9)) + [20, 21, 22, 23])
+    assert req.prefix_len == 8 and req.computed == 12
+    before = manager_snapshot(mgr, req)
+    with pytest.raises(exc, match=says):
+        mgr.track(req, position)  # type: ignore[arg-type]
+    assert manager_snapshot(mgr, req) == before
+    mgr.track(req, 12)
+    mgr.finish(req)
+    conserved(mgr)
+    assert mgr.tree.total_size() == (12, 2)
+
+
+def test_abort_refuses_a_request_staged_by_another_manager() -> None:
+    """A request matched (its copy-on-write slot staged) by one manager, aborted
+    through another, used to free that slot id in the other's pool, where the
+    tree held it."""
+    m1, _ = make_manager(kv_tokens=100, state_slots=4)
+    m2, _ = make_manager(kv_tokens=100, state_slots=4)
+    m1.finish(admitted(m1, [1, 2, 3]))
+    m2.finish(admitted(m2, [7, 8, 9]))
+    m2.finish(admitted(m2, [4, 5, 6]))
+    req = Request(array("q", [1, 2, 3, 4]))
+    assert m1.match(req, 4) and req.slot is not None
+    assert req.slot in m2.tree.all_states()  # the same slot id, held by m2's tree
+    before = manager_snapshot(m2, req)
+    with pytest.raises(ValueError, match="another"):
+        m2.abort(req)
+    assert manager_snapshot(m2, req) == before
+    m1.abort(req)
+    conserved(m1)
+    conserved(m2)
+
+
+@pytest.mark.parametrize("key_len", [2.0, True, "2", None])
+def test_match_refuses_a_key_len_that_is_not_an_int(key_len: object) -> None:
+    """A float used to pass the range check and fail slicing the tokens, with a
+    message that named nothing."""
+    mgr, _ = make_manager(kv_tokens=100, state_slots=4)
+    mgr.finish(admitted(mgr, [1, 2, 3]))
+    req = Request(array("q", [1, 2, 3, 4]))
+    before = manager_snapshot(mgr, req)
+    with pytest.raises(TypeError, match="^key_len must be an int"):
+        mgr.match(req, key_len)  # type: ignore[arg-type]
+    assert manager_snapshot(mgr, req) == before
+    assert mgr.match(req, np.int64(3)) and req.prefix_len == 3  # numpy ints are ints
+    mgr.abort(req)
+    conserved(mgr)

@@ -457,8 +457,10 @@ def test_default_mode_rejects_partial_page_insert() -> None:
 def test_unhashable_extra_key(tree: Populated, ns: Any) -> None:
     cache, key = tree.cache, tree.key
     kv = fresh_kv(len(key))
-    assert_rejected(cache, lambda: cache.match_prefix(key, extra_key=ns), TypeError, "hashable")
-    assert_rejected(cache, lambda: cache.insert(key, kv, 77, extra_key=ns), TypeError, "hashable")
+    says = "^extra_key must be hashable"  # (1, [2]) is a Hashable instance that cannot hash
+    assert_rejected(cache, lambda: cache.match_prefix(key, extra_key=ns), TypeError, says)
+    assert_rejected(cache, lambda: cache.insert(key, kv, 77, extra_key=ns), TypeError, says)
+    assert_rejected(cache, lambda: cache.peek(key, extra_key=ns), TypeError, says)
 
 
 # ----------------------------------------------------------------- constructor

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 from mambaradix import MambaRadixCache
 from mambaradix.core.node import TreeNode
@@ -147,3 +149,98 @@ def test_listener_registration_errors() -> None:
         tree.remove_listener(Recorder())
     tree.insert([1], [1], state=0)
     assert len(rec.take()) == 2  # the failed calls changed nothing
+
+
+# ------------------------------------------------ random operations, a mirror
+
+
+class Mirror:
+    """Rebuilds the tree from the hooks alone: node -> [parent, key, state]. Each
+    hook also checks the change it reports is consistent with what came before."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[TreeNode, list[Any]] = {}
+
+    def node_added(self, node: TreeNode) -> None:
+        assert node not in self.nodes and (node.parent in self.nodes or not node.parent.parent)
+        self.nodes[node] = [node.parent, tuple(node.key), None]
+
+    def node_split(self, upper: TreeNode, lower: TreeNode) -> None:
+        old_parent, old_key, state = self.nodes[lower]
+        assert upper not in self.nodes and old_key == tuple(upper.key) + tuple(lower.key)
+        self.nodes[upper] = [old_parent, tuple(upper.key), None]
+        self.nodes[lower] = [upper, tuple(lower.key), state]
+
+    def node_removed(self, node: TreeNode) -> None:
+        assert not any(entry[0] is node for entry in self.nodes.values()), "a child is left"
+        assert self.nodes.pop(node)[2] is None, "removed while it held a state"
+
+    def state_added(self, node: TreeNode) -> None:
+        assert self.nodes[node][2] is None
+        self.nodes[node][2] = node.state
+
+    def state_removed(self, node: TreeNode) -> None:
+        assert self.nodes[node][2] is not None
+        self.nodes[node][2] = None
+
+    def tree_reset(self) -> None:
+        self.nodes.clear()
+
+    def matches(self, tree: MambaRadixCache) -> None:
+        actual = {}
+        stack = list(tree.root.children.values())
+        while stack:
+            node = stack.pop()
+            actual[node] = [node.parent, tuple(node.key), node.state]
+            stack.extend(node.children.values())
+        assert actual == self.nodes
+
+
+OPS = ["insert", "insert", "insert", "match", "lock", "unlock", "evict", "evict_one", "reset"]
+
+
+@pytest.mark.parametrize("page", [1, 2, 16, 64])
+@pytest.mark.parametrize("compat", [None, "sglang"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_hooks_rebuild_the_tree_after_random_operations(
+    compat: str | None, page: int, data: st.DataObject
+) -> None:
+    """Every hook call, replayed on a mirror, yields the tree itself after every
+    step of a random sequence (inserts sharing prefixes across namespaces, matches
+    that split with compat="sglang", locks, every kind of eviction, resets)."""
+    tree = MambaRadixCache(page_size=page, chunk_size=4 * page, compat=compat)
+    mirror = Mirror()
+    tree.add_listener(mirror)
+    fresh_kv, fresh_state, receipts = iter(range(10**6)), iter(range(10**6)), []
+    for _ in range(data.draw(st.integers(1, 40), label="steps")):
+        op = data.draw(st.sampled_from(OPS), label="op")
+        ns = data.draw(st.sampled_from([None, None, "a"]), label="ns")
+        pages = data.draw(st.lists(st.integers(0, 2), min_size=0, max_size=5), label="pages")
+        key = [t for p in pages for t in [p] * page]
+        if compat and key and data.draw(st.booleans(), label="ragged"):
+            key = key[: -data.draw(st.integers(1, page), label="cut")] if page > 1 else key
+        if op == "insert":  # fresh indices, or the tree's own below prev_prefix_len
+            cached = tree.match_prefix(key, extra_key=ns, read_only=True).kv_indices
+            own = data.draw(st.booleans(), label="own")
+            prev = len(cached) if own else 0
+            values = list(cached[:prev]) + [next(fresh_kv) for _ in key[prev:]]
+            tree.insert(key, values, next(fresh_state), prev, ns)
+        elif op == "match":
+            tree.match_prefix(key, extra_key=ns, read_only=data.draw(st.booleans()))
+        elif op == "lock":
+            receipts.append(tree.inc_lock_ref(tree.match_prefix(key, extra_key=ns).node))
+        elif op == "unlock" and receipts:
+            tree.dec_lock_ref(receipts.pop(data.draw(st.integers(0, len(receipts) - 1))))
+        elif op == "evict":
+            tree.evict(data.draw(st.integers(0, 12)), data.draw(st.integers(0, 3)))
+        elif op == "evict_one" and tree.evictable_states():
+            node = data.draw(st.sampled_from(tree.evictable_states()), label="node")
+            if not node.children and node.kv.lock == 0:
+                tree.evict_leaf(node)
+            elif node.children:
+                tree.evict_state_of(node)
+        elif op == "reset" and not receipts:
+            tree.reset()
+        tree.check_invariants()
+        mirror.matches(tree)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import operator
 from array import array
-from collections.abc import Hashable
 from typing import Any, Protocol
 
 from mambaradix.core.held import HeldKV
@@ -175,8 +174,12 @@ class MambaRadixCache:
     # ------------------------------------------------------------- key helpers
 
     def _check_namespace(self, extra_key: Any) -> None:
-        if extra_key is not None and not isinstance(extra_key, Hashable):
-            raise TypeError(f"extra_key must be hashable, got {type(extra_key).__name__}")
+        if extra_key is not None:
+            try:  # not isinstance(Hashable): a tuple holding a list is one, yet cannot hash
+                hash(extra_key)
+            except TypeError:
+                name = type(extra_key).__name__
+                raise TypeError(f"extra_key must be hashable, got {name}") from None
 
     def _child_key(self, node: TreeNode, tokens: array[int], off: int, extra_key: Any) -> Any:
         """Key of `node.children` for the edge starting at tokens[off]. Namespaces

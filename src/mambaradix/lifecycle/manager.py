@@ -37,6 +37,7 @@ the shortfall and only the slots the batch will take).
 
 from __future__ import annotations
 
+import operator
 from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -162,6 +163,9 @@ class CacheManager:
         False, with nothing staged, if no slot can be had for it."""
         if req in self.active or req.node is not None:
             raise ValueError("request is already matched or admitted")
+        if isinstance(key_len, bool) or not hasattr(key_len, "__index__"):
+            raise TypeError(f"key_len must be an int, got {type(key_len).__name__}")
+        key_len = operator.index(key_len)
         if not 0 <= key_len <= req.total_len:
             raise ValueError(f"key_len={key_len} outside [0, {req.total_len}]")
         m = self.tree.match_prefix(req.tokens[:key_len], req.extra_key)
@@ -191,6 +195,8 @@ class CacheManager:
         """Undo `match` for a request that was not admitted."""
         if req.row is not None or req.lock is not None:
             raise ValueError("request is admitted: abort it instead")
+        if req.slot is not None and req not in self.staged:
+            raise ValueError("request was matched by another manager: its slot is not ours")
         if req.slot is not None:
             self.slots.free([req.slot])
         self.staged.discard(req)
@@ -213,7 +219,7 @@ class CacheManager:
         """Memory for one prefill batch: `lens[i]` more tokens of `reqs[i]`
         (each locked, matched or continuing). False, with every request and
         pool as before (evictions aside), if it cannot be had."""
-        _check_batch(reqs, lens)
+        _check_batch(reqs, lens, self._max_context())
         self.evict_states_for(self._state_headroom(reqs))
         taken = self._take_rows_and_slots(reqs)
         if taken is None:
@@ -232,6 +238,11 @@ class CacheManager:
             self.active.add(req)
             self.staged.discard(req)
         return True
+
+    def _max_context(self) -> int | None:
+        """Positions per row of the request table (None: the table sets no limit)."""
+        context: int | None = getattr(self.rows, "max_context", None)
+        return context
 
     def _state_headroom(self, reqs: Sequence[Request]) -> int:
         """Free slots wanted before a prefill batch (SGLang's alloc_req_slots
@@ -331,10 +342,15 @@ class CacheManager:
 
     def alloc_decode(self, reqs: Sequence[Request]) -> bool:
         """KV for one more token of every request; False (nothing changed) if short."""
+        if len(set(map(id, reqs))) != len(reqs):
+            raise ValueError("alloc_decode needs distinct requests")
+        context = self._max_context()
         for req in reqs:
             self._check_active(req)
             if req.computed >= req.total_len:
                 raise ValueError("a request has no token left to decode")
+            if context is not None and req.computed >= context:
+                raise ValueError(f"a request's row is full: {context} positions (max_context)")
         over = len(reqs) * self.page_size  # SGLang evicts this much (paged: a page each)
         self.evict_kv_for(over if self.sglang else self.decode_need(reqs))
         fresh = self._alloc_kv_each(reqs, [1] * len(reqs))
@@ -349,8 +365,15 @@ class CacheManager:
     def track(self, req: Request, position: int) -> None:
         """extra_buffer: the forward wrote the state after `position` tokens
         into `track_slots[next_track]`; the ping-pong moves on."""
+        if isinstance(position, bool) or not hasattr(position, "__index__"):
+            raise TypeError(f"position must be an int, got {type(position).__name__}")
+        position = operator.index(position)
         if req.track_slots is None or not 0 < position <= req.computed:
             raise ValueError(f"cannot track position {position} of this request")
+        if position < req.prefix_len:  # the forward never ran there: no state to cache
+            raise ValueError(
+                f"position {position} lies below the cached prefix ({req.prefix_len} tokens)"
+            )
         if position % self.page_size:
             raise ValueError(f"tracked position {position} is not page aligned")
         req.last_track_len = position
@@ -498,7 +521,7 @@ def _reset(req: Request) -> None:
     req.prefix_kv = array("q")
 
 
-def _check_batch(reqs: Sequence[Request], lens: Sequence[int]) -> None:
+def _check_batch(reqs: Sequence[Request], lens: Sequence[int], context: int | None) -> None:
     if len(reqs) != len(lens) or len(set(map(id, reqs))) != len(reqs):
         raise ValueError("alloc_extend needs distinct requests, one extend length each")
     for req, n in zip(reqs, lens, strict=True):
@@ -506,6 +529,11 @@ def _check_batch(reqs: Sequence[Request], lens: Sequence[int]) -> None:
             raise ValueError(f"extend lengths must be positive ints, got {n!r}")
         if req.lock is None or req.computed + n > req.total_len:
             raise ValueError("every request must be locked and have that many tokens left")
+        if context is not None and req.computed + n > context:
+            raise ValueError(
+                f"extending a request to {req.computed + n} tokens overflows its row of "
+                f"the request table ({context} positions, max_context)"
+            )
 
 
 def _check_setup(tree: MambaRadixCache, kv: Any, strategy: str, track_slots: int) -> None:

@@ -69,6 +69,11 @@ class ServingConfig:
 
     def __post_init__(self) -> None:
         check_serving_config(self)
+        for name in ("chunk_tokens", "max_running", "page_size", "track_interval"):
+            object.__setattr__(self, name, int(getattr(self, name)))  # numpy ints: plain
+        if self.kv_units is not None and self.state_slots is not None:
+            object.__setattr__(self, "kv_units", int(self.kv_units))
+            object.__setattr__(self, "state_slots", int(self.state_slots))
 
 
 def page_units(page_size: int, unit_tokens: int) -> int:

@@ -86,8 +86,18 @@ class Scheduler:
     # ------------------------------------------------------------------ API
 
     def submit(self, seq: Sequence) -> None:
-        if seq.status != WAITING or seq.req.admitted:
-            raise ValueError("submit a new sequence (or one that was retracted)")
+        """Queue a new sequence (once: a retracted one is queued again by the scheduler)."""
+        if seq.submitted or seq.status != WAITING or seq.req.admitted:
+            raise ValueError("sequence already submitted: submit a new one")
+        context = getattr(self.cache.rows, "max_context", None)
+        need = len(seq.req.input_ids) + seq.max_new_tokens - 1  # the last token has no KV
+        if context is not None and need > context:
+            raise ValueError(
+                f"sequence {seq.id} needs {need:,} positions ({len(seq.req.input_ids):,} "
+                f"prompt + {seq.max_new_tokens} new - 1) but the request table holds "
+                f"{context:,} (max_context)"
+            )
+        seq.submitted = True
         seq.arrival = self.clock() if seq.arrival == 0.0 else seq.arrival
         self.waiting.append(seq)
 
@@ -97,7 +107,10 @@ class Scheduler:
         With SGLang's rules (compat="sglang") a decoding sequence stops as in SGLang
         0.5.15.post1 (`Scheduler.abort_request`, "abort method 3": `req.to_finish`): it runs
         one more decode step and then finishes like any other, its tokens cached
-        (`cache_finished_req` with is_insert=True); its status becomes ABORTED then."""
+        (`cache_finished_req` with is_insert=True); its status becomes ABORTED then.
+        A sequence that already ended holds nothing: aborting it changes nothing."""
+        if seq.status in (FINISHED, ABORTED):
+            return
         if seq.status == RUNNING and self.cache.tree.compat == "sglang":
             seq.to_finish = True
             return

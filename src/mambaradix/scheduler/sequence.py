@@ -6,7 +6,9 @@ from array import array
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from mambaradix.core.keys import as_int_array
 from mambaradix.lifecycle import Request
+from mambaradix.pools._checks import as_int
 
 WAITING, PREFILLING, RUNNING, FINISHED, ABORTED = (
     "waiting",
@@ -55,19 +57,29 @@ class Sequence:
     admitted_len: int = 0  # total_len when the current admission matched
     steps_done: int = 0  # decode steps run so far
     to_finish: bool = False  # aborted while decoding (SGLang rules): finish after one more step
+    submitted: bool = field(default=False, init=False)  # handed to a scheduler (once)
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
-            raise TypeError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
+        self.max_new_tokens = as_int(self.max_new_tokens, "max_new_tokens")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if len(self.prompt) == 0:
+        prompt = array("q", as_int_array(self.prompt, "prompt"))  # our own copy
+        if len(prompt) == 0:
             raise ValueError("a sequence needs at least one prompt token")
-        if self.script is not None and len(self.script) < self.max_new_tokens:
-            raise ValueError("script must hold at least max_new_tokens tokens")
-        if self.decode_steps is not None and self.decode_steps < self.max_new_tokens - 1:
-            raise ValueError("decode_steps must be at least max_new_tokens - 1")
-        self.req = Request(array("q", self.prompt), self.extra_key)
+        if self.script is not None:
+            self.script = as_int_array(self.script, "script")
+            if len(self.script) < self.max_new_tokens:
+                raise ValueError("script must hold at least max_new_tokens tokens")
+        if self.decode_steps is not None:
+            self.decode_steps = as_int(self.decode_steps, "decode_steps")
+            if self.decode_steps < self.max_new_tokens - 1:
+                raise ValueError("decode_steps must be at least max_new_tokens - 1")
+        try:  # a tree keys its namespaces by it: refuse here, not in the middle of a step
+            hash(self.extra_key)
+        except TypeError:
+            name = type(self.extra_key).__name__
+            raise TypeError(f"extra_key must be hashable, got {name}") from None
+        self.req = Request(prompt, self.extra_key)
 
     @property
     def outputs(self) -> array[int]:
