@@ -493,6 +493,14 @@ def test_constructor_rejects(kwargs: dict[str, Any]) -> None:
     assert str(info.value)
 
 
+def test_constructor_takes_numpy_ints_as_plain_ints() -> None:
+    cache = MambaRadixCache(page_size=np.int64(4), chunk_size=np.int32(8))
+    assert (cache.page_size, cache.chunk_size) == (4, 8)
+    assert type(cache.page_size) is int and type(cache.chunk_size) is int
+    cache.insert(list(range(8)), kv_indices=list(range(8)), state=0)
+    assert cache.match_prefix(list(range(8))).prefix_len == 8
+
+
 # ------------------------------------------------------------ state ids, numpy ints
 
 

@@ -88,9 +88,13 @@ class LockReceipt:
 
 
 def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+    """`value` as a plain int >= 1 (numpy ints too, as everywhere else in the tree)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be a positive int, got {value!r}")
+    n = operator.index(value)
+    if n < 1:
+        raise ValueError(f"{name} must be a positive int, got {n}")
+    return n
 
 
 def _count(value: Any, name: str) -> int:
@@ -116,10 +120,9 @@ class MambaRadixCache:
     def __init__(self, page_size: int = 1, chunk_size: int = 64, compat: str | None = None) -> None:
         self.page_size = _positive_int(page_size, "page_size")
         self.chunk_size = _positive_int(chunk_size, "chunk_size")
-        if chunk_size % page_size:
-            raise ValueError(
-                f"chunk_size ({chunk_size}) must be a multiple of page_size ({page_size})"
-            )
+        page, chunk = self.page_size, self.chunk_size
+        if chunk % page:
+            raise ValueError(f"chunk_size ({chunk}) must be a multiple of page_size ({page})")
         if compat not in COMPAT_MODES:
             raise ValueError(f"compat must be one of {COMPAT_MODES}, got {compat!r}")
         self.compat = compat
