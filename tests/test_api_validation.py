@@ -289,6 +289,17 @@ def test_engine_generate(
     engine.check()
 
 
+def test_engine_generate_names_the_pool_a_long_answer_needs() -> None:
+    # Admission clips the new tokens at 4096 (3 + 4096 + 1 < 4200), but after
+    # 5000 greedy tokens the sequence holds 3 + 5000 - 1 = 5002 KV positions:
+    # the pool it needs is 5002, not the 4101 admission alone asks for.
+    from mambaradix.engine import Engine
+
+    eng = Engine(kv_tokens=4200, state_slots=4)
+    with pytest.raises(ValueError, match=r"^prompts\[0\] needs a KV pool of 5,002 tokens"):
+        eng.generate([[1, 2, 3]], max_new_tokens=5000)
+
+
 def test_engine_generate_accepts_what_fits_exactly(engine: Any) -> None:
     # 56 prompt + 6 new + 1 = 63 < 64: the largest prompt admitted alone.
     assert len(engine.generate([list(range(56))], max_new_tokens=6)[0].output_ids) == 6

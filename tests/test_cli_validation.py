@@ -322,6 +322,17 @@ def test_engine_kv_too_small_names_the_need(cwd: Path, capsys: pytest.CaptureFix
     assert f"needs a pool of {need:,} tokens" in line and f"use --kv-tokens >= {need:,}" in line
 
 
+def test_engine_kv_need_counts_an_answer_beyond_the_clip(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # tiny.jsonl: one 3-token prompt. Admission clips 5000 new tokens at 4096
+    # (3 + 4096 + 1 < 4200), but the finished sequence holds 3 + 5000 - 1 = 5002.
+    args = ["engine", "--workload", "tiny.jsonl", "--max-new-tokens", "5000"]
+    line = refused(cwd, capsys, *args, "--kv-tokens", "4200", "--state-slots", "4")
+    assert "--kv-tokens 4,200 is too small" in line
+    assert "needs a pool of 5,002 tokens" in line and "use --kv-tokens >= 5,002" in line
+
+
 @pytest.mark.parametrize(
     "paging",
     [

@@ -211,19 +211,21 @@ def load_sessions(workload: str, vocab: int, limit: int) -> list[list[list[int]]
 
 def check_kv(sessions: list[list[list[int]]], args: argparse.Namespace) -> None:
     """UsageError naming the largest request when the KV pool cannot admit it
-    alone (the scheduler's rule: prompt + new tokens + one page must stay
-    strictly below the pool)."""
+    alone (`scheduler.fits_alone`: prompt + new tokens + one page strictly
+    below the pool, and room for the finished sequence)."""
+    from mambaradix.engine.checks import kv_need
     from mambaradix.engine.workload import request_sizes
-    from mambaradix.scheduler import admission_need, fits_alone
+    from mambaradix.scheduler import fits_alone
 
     new, page, kv = args.max_new_tokens, args.page_size, args.kv_tokens
     s, t, prompt = max(request_sizes(sessions, new), key=lambda x: x[2])
     if not fits_alone(prompt, new, page, kv):
-        need = -(-(admission_need(prompt, new, page) + 1) // page) * page
+        need, why = kv_need(
+            prompt, new, page, "prompt tokens, the engine's earlier answers included,"
+        )
         raise UsageError(
             f"--kv-tokens {kv:,} is too small: session {s} turn {t} needs a pool of {need:,} "
-            f"tokens ({prompt:,} prompt tokens, the engine's earlier answers included, + "
-            f"{new} new + a page of {page}, strictly below the pool); use --kv-tokens >= {need:,}"
+            f"tokens ({why}); use --kv-tokens >= {need:,}"
         )
 
 

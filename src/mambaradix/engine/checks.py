@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from mambaradix.engine.device import check_dtype
 from mambaradix.lifecycle.manager import STRATEGIES
-from mambaradix.scheduler import admission_need, fits_alone, slots_alone
+from mambaradix.scheduler import admission_need, fits_alone, kv_needed_alone, slots_alone
 from mambaradix.validate import as_bool, as_count, as_int, as_positive, as_token_ids, as_type
 
 if TYPE_CHECKING:
     from mambaradix.engine.engine import Engine
 
-__all__ = ["check_engine_args", "check_generate_args", "min_state_slots"]
+__all__ = ["check_engine_args", "check_generate_args", "kv_need", "min_state_slots"]
 
 TRACK_SLOTS = 2  # extra_buffer's ping-pong (CacheManager's default)
 
@@ -72,6 +72,15 @@ def _strategy(strategy: object, page: int) -> str:
     return str(strategy)
 
 
+def kv_need(prompt: int, max_new: int, page: int, what: str = "prompt") -> tuple[int, str]:
+    """The least KV pool a request fits alone in (`scheduler.kv_needed_alone`)
+    and the rule that sets it, in words (`what` names the prompt's tokens)."""
+    need = kv_needed_alone(prompt, max_new, page)
+    if need > admission_need(prompt, max_new, page) + page:  # admission clips max_new
+        return need, f"{prompt:,} {what} + {max_new:,} new - 1, held at the end, in pages of {page}"
+    return need, f"{prompt:,} {what} + {max_new:,} new + a page of {page}, strictly below the pool"
+
+
 def check_generate_args(eng: Engine, prompts: object, max_new_tokens: object) -> list[list[int]]:
     """The prompts as lists of ints, each checked against the vocabulary and
     against the pools: a prompt must be admissible alone, with its new tokens
@@ -85,12 +94,10 @@ def check_generate_args(eng: Engine, prompts: object, max_new_tokens: object) ->
     kv, page = eng.mgr.kv.capacity, eng.mgr.page_size
     context = getattr(eng.mgr.rows, "max_context", None)
     for i, p in enumerate(out):
-        need = admission_need(len(p), max_new, page) + 1
         if not fits_alone(len(p), max_new, page, kv):
+            need, why = kv_need(len(p), max_new, page)
             raise ValueError(
-                f"prompts[{i}] needs a KV pool of {need:,} tokens ({len(p):,} prompt + "
-                f"{max_new} new + a page of {page}, strictly below the pool) but kv_tokens "
-                f"is {kv:,}"
+                f"prompts[{i}] needs a KV pool of {need:,} tokens ({why}) but kv_tokens is {kv:,}"
             )
         if context is not None and len(p) + max_new - 1 > context:
             raise ValueError(
