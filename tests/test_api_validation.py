@@ -203,6 +203,12 @@ ENGINE_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"model": 3}, TypeError, "model must be a preset name or a path, got int"),
     ({"seed": -1}, ValueError, "seed must be >= 0"),
     ({"seed": 1.0}, TypeError, "seed must be an int, got float"),
+    ({"seed": 2**64}, ValueError, "seed must be < 2\\*\\*64"),  # torch.manual_seed's range
+    ({"dtype": torch.float8_e4m3fn}, TypeError, "dtype must be torch.float32, torch.bfloat"),
+    ({"checkpoints": 1}, TypeError, "checkpoints must be None or a CheckpointPolicy"),
+    ({"evictor": 1}, TypeError, "evictor must be a callable"),
+    ({"sglang_rules": "yes"}, TypeError, "sglang_rules must be None or a bool, got str"),
+    ({"net": "a model"}, TypeError, "net must be None or a torch.nn.Module, got str"),
     ({"prefix_cache": 1}, TypeError, "prefix_cache must be a bool, got int"),
     ({"kv_tokens": 0}, ValueError, "kv_tokens must be >= 1"),
     ({"kv_tokens": 64.0}, TypeError, "kv_tokens must be an int, got float"),

@@ -245,6 +245,7 @@ ENGINE = [
     (["--max-running", "0"], "argument --max-running: must be >= 1"),
     (["--threads", "0"], "argument --threads: must be >= 1"),
     (["--seed", "-1"], "argument --seed: must be >= 0"),
+    (["--seed", str(2**64)], "argument --seed: must be < 2**64"),  # torch.manual_seed's range
     (["--model", "no-such-model"], "--model: unknown model 'no-such-model'; presets:"),
     (["--workload", "mooncake"], "--workload mooncake is a block-level trace"),
     (["--workload", "nope"], "--workload: 'nope' is neither a bundled workload"),

@@ -17,6 +17,7 @@ from mambaradix.cli.checks import UsageError, count
 TOKEN_WORKLOADS = "mt-bench, swe-agent, chitchat, synthetic-multi-turn, or a neutral JSONL file"
 STRATEGIES = ("no_buffer", "extra_buffer")
 DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
+SEED_LIMIT = (2**64, "2**64")  # torch.manual_seed's range
 
 
 def add(p: argparse.ArgumentParser) -> None:
@@ -47,7 +48,7 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compat", choices=("sglang",), default=None, help="SGLang 0.5.15.post1's tree and rules"
     )
-    p.add_argument("--seed", type=count(0), default=0)
+    p.add_argument("--seed", type=count(0, SEED_LIMIT), default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (never falls back)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model and pools")
     p.add_argument(

@@ -8,6 +8,8 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from mambaradix.engine.device import check_dtype
 from mambaradix.lifecycle.manager import STRATEGIES
 from mambaradix.scheduler import admission_need, fits_alone, kv_needed_alone, slots_alone
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["check_engine_args", "check_generate_args", "kv_need", "min_state_slots"]
 
 TRACK_SLOTS = 2  # extra_buffer's ping-pong (CacheManager's default)
+POLICY_METHODS = ("stops", "cache_at", "insert_at_finish", "on_admitted", "on_cached")
 
 
 def min_state_slots(prefix_cache: bool, strategy: str = "no_buffer") -> int:
@@ -32,7 +35,8 @@ def check_engine_args(**kw: Any) -> None:
     """The constructor's arguments (by their names), in signature order."""
     if not isinstance(kw["model"], (str, os.PathLike)):
         raise TypeError(f"model must be a preset name or a path, got {type(kw['model']).__name__}")
-    as_count(kw["seed"], "seed")
+    if as_count(kw["seed"], "seed") >= 2**64:
+        raise ValueError(f"seed must be < 2**64 (torch.manual_seed's range), got {kw['seed']}")
     cache_on = as_bool(kw["prefix_cache"], "prefix_cache")
     page = as_positive(kw["page_size"], "page_size")
     strategy = _strategy(kw["strategy"], page)
@@ -57,8 +61,25 @@ def check_engine_args(**kw: Any) -> None:
         as_type(kw["model_overrides"], dict, "model_overrides")
     for name in ("batch_decode", "deterministic", "keep_logits"):
         as_bool(kw[name], name)
+    _check_plugins(kw)
     if kw["deterministic"] and strategy != "no_buffer":
         raise ValueError("deterministic=True needs strategy='no_buffer'")
+
+
+def _check_plugins(kw: dict[str, Any]) -> None:
+    """What is handed in as an object: TypeError now, not in the middle of a run."""
+    rules, evictor, policy, net = (kw[k] for k in ("sglang_rules", "evictor", "checkpoints", "net"))
+    if rules is not None and not isinstance(rules, bool):
+        raise TypeError(f"sglang_rules must be None or a bool, got {type(rules).__name__}")
+    if not callable(evictor):
+        raise TypeError(f"evictor must be a callable, got {type(evictor).__name__}")
+    if policy is not None and not all(callable(getattr(policy, m, None)) for m in POLICY_METHODS):
+        raise TypeError(
+            f"checkpoints must be None or a CheckpointPolicy (with {', '.join(POLICY_METHODS)}), "
+            f"got {type(policy).__name__}"
+        )
+    if net is not None and not isinstance(net, torch.nn.Module):
+        raise TypeError(f"net must be None or a torch.nn.Module, got {type(net).__name__}")
 
 
 def _strategy(strategy: object, page: int) -> str:

@@ -146,6 +146,10 @@ class Engine:
             batch_decode=batch_decode,
             deterministic=deterministic,
             keep_logits=keep_logits,
+            checkpoints=checkpoints,
+            evictor=evictor,
+            sglang_rules=sglang_rules,
+            net=net,
         )
         self.device = resolve_device(device)
         dtype = check_dtype(dtype)
