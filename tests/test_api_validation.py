@@ -260,6 +260,25 @@ def test_engine_constructor(kw: dict[str, Any], exc: type[Exception], says: str)
         Engine(**kw)
 
 
+@pytest.mark.parametrize(
+    ("kw", "names"),
+    [
+        ({"kv_tokens": 2**50}, "kv_tokens=1,125,899,906,842,624, state_slots=64 and max_running=8"),
+        (
+            {"state_slots": 2**40},
+            "kv_tokens=65,536, state_slots=1,099,511,627,776 and max_running=8",
+        ),
+        # 10**6 request-table rows of 65,537 positions x 8 B: 524 GB
+        ({"max_running": 10**6}, "kv_tokens=65,536, state_slots=64 and max_running=1,000,000"),
+    ],
+)
+def test_engine_pools_beyond_this_machine(kw: dict[str, Any], names: str) -> None:
+    from mambaradix.engine import Engine
+
+    with pytest.raises(ValueError, match=f"^{names} need about .* GB of this machine's memory"):
+        Engine(**kw)
+
+
 def test_engine_without_cache_needs_one_slot() -> None:
     from mambaradix.engine import Engine
 

@@ -400,7 +400,10 @@ def test_replay_memory_beyond_this_machine(cwd: Path, capsys: pytest.CaptureFixt
 
 def test_engine_pools_beyond_this_machine(cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
     line = refused(cwd, capsys, "engine", "--kv-tokens", str(10**13), "--no-progress")
-    assert "--kv-tokens 10,000,000,000,000 and --state-slots 64 need about" in line
+    assert "--kv-tokens 10,000,000,000,000, --state-slots 64 and --max-running 8 need about" in line
+    # the request table (a row of --kv-tokens + 1 positions, 8 B each, per running request)
+    line = refused(cwd, capsys, "engine", "--max-running", str(10**9), "--no-progress")
+    assert "--kv-tokens 65,536, --state-slots 64 and --max-running 1,000,000,000 need" in line
 
 
 def test_debug_shows_the_traceback(cwd: Path) -> None:

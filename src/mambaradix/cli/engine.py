@@ -1,9 +1,10 @@
 """`mambaradix engine`: a real hybrid model served on the cache, on vs off.
 
 Order of work: parse, `validate` (the engine extra, the model, a token-level
-workload, option combinations, the device), build the model, load the workload's
-sessions, check that the pools admit its largest request, then serve (a
-progress bar counts requests)."""
+workload, option combinations, the device), build the model (once, on its
+device, for both runs), check that its pools fit in memory, load the
+workload's sessions, check that the pools admit its largest request, then
+serve (a progress bar counts requests)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     engine_kw = validate(args)
-    sessions = prepare(args, engine_kw["device"])
+    net, sessions = prepare(args, engine_kw["device"], engine_kw["dtype"])
     total = sum(len(s) for s in sessions)
     bar = counter(2 * total, "serving (cache on, then off)", "req", show=not args.no_progress)
     try:
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             seed=args.seed,
             on_round=bar.update,
+            net=net,
             **engine_kw,
         )
     finally:
@@ -182,8 +184,9 @@ def _block_level(workload: str) -> bool:
         return False  # the loader says what is wrong with it
 
 
-def prepare(args: argparse.Namespace, device: Any) -> list[list[list[int]]]:
-    """Torch threads, the model's memory and vocabulary, the sessions, their sizes."""
+def prepare(args: argparse.Namespace, device: Any, dtype: Any) -> tuple[Any, list[list[list[int]]]]:
+    """Torch threads, the model (built once, on its device, for both runs), its
+    memory and vocabulary, the sessions, their sizes."""
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -192,13 +195,12 @@ def prepare(args: argparse.Namespace, device: Any) -> list[list[list[int]]]:
 
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # notes on CUDA kernels
     torch.set_num_threads(args.threads)
-    net = build_model(args.model, args.seed)
-    if device.type == "cpu":  # pools on a GPU take no host memory
-        check_host_memory(net, args)
+    net = build_model(args.model, args.seed, dtype).to(device)
+    check_memory(net, args)
     with shown(not args.no_progress):
         sessions = load_sessions(args.workload, int(net.config.vocab_size), args.sessions)
     check_kv(sessions, args)
-    return sessions
+    return net, sessions
 
 
 def load_sessions(workload: str, vocab: int, limit: int) -> list[list[list[int]]]:
@@ -230,23 +232,15 @@ def check_kv(sessions: list[list[list[int]]], args: argparse.Namespace) -> None:
         )
 
 
-def check_host_memory(net: Any, args: argparse.Namespace) -> None:
-    """UsageError when the pools (K/V tensors, state tensors, free lists, the
-    request-to-token rows) would not fit in half of this machine's free memory."""
-    from mambaradix.cli.replay import HOST_BYTES_PER_ID, available_bytes
-    from mambaradix.engine.adapter import PoolAdapter
+def check_memory(net: Any, args: argparse.Namespace) -> None:
+    """UsageError when the pools would not fit (`engine.checks.memory_shortfall`)."""
+    from mambaradix.engine.checks import memory_shortfall
 
-    probe = PoolAdapter(net, kv_tokens=1, state_slots=1)  # one token, one slot
-    per_token = 2 * probe.k.element_size() * probe.k.numel() + HOST_BYTES_PER_ID
-    per_token += 8 * args.max_running  # a row of the request-to-token table per sequence
-    per_slot = probe.geometry.bytes_per_slot + HOST_BYTES_PER_ID
-    need = args.kv_tokens * per_token + args.state_slots * per_slot
-    have = available_bytes()
-    if have is not None and need > have // 2:
+    kv, slots, rows = args.kv_tokens, args.state_slots, args.max_running
+    short = memory_shortfall(net, kv, slots, rows, kv + args.page_size)
+    if short is not None:
         raise UsageError(
-            f"--kv-tokens {args.kv_tokens:,} and --state-slots {args.state_slots:,} need about "
-            f"{need / 1e9:.1f} GB of memory ({per_token:,} B per KV token, {per_slot:,} B per "
-            f"slot) and only {have / 1e9:.1f} GB is available"
+            f"--kv-tokens {kv:,}, --state-slots {slots:,} and --max-running {rows:,} {short}"
         )
 
 

@@ -13,12 +13,27 @@ import torch
 from mambaradix.engine.device import check_dtype
 from mambaradix.lifecycle.manager import STRATEGIES
 from mambaradix.scheduler import admission_need, fits_alone, kv_needed_alone, slots_alone
-from mambaradix.validate import as_bool, as_count, as_int, as_positive, as_token_ids, as_type
+from mambaradix.validate import (
+    HOST_BYTES_PER_ID,
+    as_bool,
+    as_count,
+    as_int,
+    as_positive,
+    as_token_ids,
+    as_type,
+    available_bytes,
+)
 
 if TYPE_CHECKING:
     from mambaradix.engine.engine import Engine
 
-__all__ = ["check_engine_args", "check_generate_args", "kv_need", "min_state_slots"]
+__all__ = [
+    "check_engine_args",
+    "check_generate_args",
+    "kv_need",
+    "memory_shortfall",
+    "min_state_slots",
+]
 
 TRACK_SLOTS = 2  # extra_buffer's ping-pong (CacheManager's default)
 POLICY_METHODS = ("stops", "cache_at", "insert_at_finish", "on_admitted", "on_cached")
@@ -126,3 +141,35 @@ def check_generate_args(eng: Engine, prompts: object, max_new_tokens: object) ->
                 f"{max_new} new - 1) but the request table holds {context:,} (max_context)"
             )
     return out
+
+
+def memory_shortfall(
+    net: Any, kv_tokens: int, state_slots: int, rows: int, positions: int
+) -> str | None:
+    """None if the engine's pools fit where they go, else 'need about X GB of
+    ... and only Y GB is ...'. The K/V and state tensors go to the model's
+    device; the free lists (every KV index, slot and row) and the request
+    table (`rows` x `positions` int64) to this machine, which must keep half
+    its available memory free (a check: nothing is allocated)."""
+    from mambaradix.engine.adapter import PoolAdapter
+
+    probe = PoolAdapter(net, kv_tokens=1, state_slots=1)  # one token, one slot
+    device = probe.device
+    per_token = 2 * probe.k.element_size() * probe.k.numel()
+    per_slot = probe.geometry.bytes_per_slot
+    per_row = 8 * positions + HOST_BYTES_PER_ID
+    tensors = kv_tokens * per_token + state_slots * per_slot
+    host = HOST_BYTES_PER_ID * (kv_tokens + state_slots) + rows * per_row
+    if device.type == "cpu":
+        per_token, per_slot = per_token + HOST_BYTES_PER_ID, per_slot + HOST_BYTES_PER_ID
+        host, tensors = host + tensors, 0
+    units = f"{per_token:,} B per KV token, {per_slot:,} B per slot, {per_row:,} B per row"
+    have = available_bytes()
+    if have is not None and host > have // 2:
+        gb = f"{host / 1e9:.1f} GB of this machine's memory ({units}; half stays free)"
+        return f"need about {gb} and only {have / 1e9:.1f} GB is available"
+    free = torch.cuda.mem_get_info(device)[0] if tensors else tensors
+    if tensors > free:
+        gb = f"{tensors / 1e9:.1f} GB of {device}'s memory ({units})"
+        return f"need about {gb} and only {free / 1e9:.1f} GB is free"
+    return None

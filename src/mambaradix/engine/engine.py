@@ -26,7 +26,7 @@ import torch
 
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.engine.adapter import PoolAdapter
-from mambaradix.engine.checks import check_engine_args, check_generate_args
+from mambaradix.engine.checks import check_engine_args, check_generate_args, memory_shortfall
 from mambaradix.engine.deterministic import GridCheckpoints
 from mambaradix.engine.device import check_dtype, check_net, resolve_device
 from mambaradix.engine.forward import TorchForward
@@ -157,6 +157,7 @@ class Engine:
             check_net(net, self.device, dtype)
         else:
             net = build_model(model, seed, dtype, model_overrides).to(self.device)
+        _check_memory(net, kv_tokens, state_slots, max_running, max_context, page_size)
         self.model_name, self.net = model, net
         self.prefix_cache, self.deterministic = prefix_cache, deterministic
         self.adapter = PoolAdapter(self.net, kv_tokens, state_slots)
@@ -274,6 +275,17 @@ class Engine:
             self.mgr.kv.free(r.freed_kv)
         if r.freed_states:
             self.mgr.slots.free(r.freed_states)
+
+
+def _check_memory(
+    net: Any, kv: int, slots: int, rows: int, max_context: int | None, page: int
+) -> None:
+    """ValueError naming the sizes when the pools would not fit (before any is made)."""
+    short = memory_shortfall(net, kv, slots, rows, (max_context or kv) + page)
+    if short is not None:
+        names = [f"kv_tokens={kv:,}", f"state_slots={slots:,}", f"max_running={rows:,}"]
+        names += [] if max_context is None else [f"max_context={max_context:,}"]
+        raise ValueError(f"{', '.join(names[:-1])} and {names[-1]} {short}")
 
 
 def _cache_manager(
