@@ -279,6 +279,16 @@ def test_engine_pools_beyond_this_machine(kw: dict[str, Any], names: str) -> Non
         Engine(**kw)
 
 
+@pytest.mark.parametrize(("new", "exc"), [(0, ValueError), (-1, ValueError), (1.0, TypeError)])
+def test_compare_cache_needs_a_new_token(new: Any, exc: type[Exception]) -> None:
+    # generate(..., 0) runs nothing and counts nothing, so a comparison of no
+    # new tokens would report 0 prompt tokens for requests it says it served.
+    from mambaradix.compare import compare_cache
+
+    with pytest.raises(exc, match="^max_new_tokens must be"):
+        compare_cache([[[1, 2, 3]]], new, kv_tokens=64, state_slots=4)
+
+
 def test_engine_without_cache_needs_one_slot() -> None:
     from mambaradix.engine import Engine
 

@@ -156,11 +156,14 @@ def compare_cache(
     summarise: identical outputs, token counts, hit rate, timings, and the
     replay's prediction for the cached run (None for a deterministic engine:
     the replay does not cut prefills on its grid). `on_round(n)`: called after each
-    round of either run with its number of requests (a progress bar)."""
+    round of either run with its number of requests (a progress bar).
+    ValueError unless max_new_tokens >= 1."""
     from mambaradix.engine import Engine
     from mambaradix.engine.workload import run_conversations
     from mambaradix.replay.bound import bound_token_hit_rate
+    from mambaradix.validate import as_positive
 
+    as_positive(max_new_tokens, "max_new_tokens")  # 0 would run and count nothing
     out: dict[str, Any] = {}
     runs: dict[str, ConversationRun] = {}
     engines: dict[str, Engine] = {}
