@@ -181,6 +181,15 @@ def test_model_profile_still_checks_its_fields() -> None:
         ((2, 2, 1000, 4, 64, -1), ValueError, "seed must be >= 0"),
         ((2, 2, 100, 4, 64, 0), ValueError, "kv_tokens 100 is too small: request"),
         ((2, 2, 1000, 4, 64.0, 0), TypeError, "chunk must be an int, got float"),
+        # each request's prompt holds at least a 500-token system prompt and 20 user tokens
+        # (8 B a token as a list, and again as the scheduler's array): 10**12 x 520 x 16 B
+        ((10**6, 10**6, 10**6, 4, 64, 0), ValueError, "sessions=1,000,000, turns=1,000,000, k"),
+        # 17 B of free list per KV token: 1.7 PB
+        (
+            (2, 2, 10**14, 4, 64, 0),
+            ValueError,
+            "sessions=2, turns=2, kv_tokens=100,000,000,000,000",
+        ),
     ],
 )
 def test_demo_entry(args: tuple[Any, ...], exc: type[Exception], says: str) -> None:

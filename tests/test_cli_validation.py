@@ -212,6 +212,11 @@ DEMO = [
     (["--chunk", "0"], "argument --chunk: must be >= 1"),
     (["--seed", "-1"], "argument --seed: must be >= 0"),
     (["--sessions", "2.5"], "argument --sessions: expected a whole number"),
+    (
+        ["--kv-tokens", str(10**14)],
+        "--sessions 24, --turns 6, --kv-tokens 100,000,000,000,000 and --state-slots 48 need at",
+    ),
+    (["--sessions", str(10**9)], "--sessions 1,000,000,000, --turns 6, --kv-tokens 60,000 and"),
 ]
 
 

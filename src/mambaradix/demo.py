@@ -30,7 +30,7 @@ from mambaradix.scheduler import (
     fits_alone,
     slots_alone,
 )
-from mambaradix.validate import as_count, as_int, as_positive
+from mambaradix.validate import HOST_BYTES_PER_ID, as_count, as_int, as_positive, available_bytes
 
 Turn = tuple[list[int], list[int]]
 
@@ -105,6 +105,24 @@ def tiny_tree() -> str:
 
 
 MIN_SLOTS = slots_alone(0)  # a request locks the state it matched and runs in a copy
+MIN_REQUEST_BYTES = 16 * 520  # the least prompt (500 system + 20 user tokens), 8 B a token
+# in its list and again in the scheduler's array
+
+
+def memory_shortfall(sessions: int, turns: int, kv_tokens: int, slots: int) -> str | None:
+    """None, or 'need at least X GB ...' when the demo's requests (a lower
+    bound: every prompt at its least) and its pools' free lists would not
+    fit in half of this machine's available memory."""
+    have = available_bytes()
+    work = sessions * turns * MIN_REQUEST_BYTES
+    pools = HOST_BYTES_PER_ID * kv_tokens + (HOST_BYTES_PER_ID + 8) * slots
+    if have is None or work + pools <= have // 2:
+        return None
+    return (
+        f"need at least {(work + pools) / 1e9:.1f} GB of this machine's memory ({work / 1e9:.1f}"
+        f" GB of prompts, {pools / 1e9:.1f} GB of pools; half stays free) and only "
+        f"{have / 1e9:.1f} GB is available"
+    )
 
 
 def check_demo_args(
@@ -136,6 +154,12 @@ def run_demo(sessions: int, turns: int, kv_tokens: int, slots: int, chunk: int, 
     """The demo's report; ValueError / TypeError first for arguments that make
     no sense or a KV pool too small for the largest request."""
     check_demo_args(sessions, turns, kv_tokens, slots, chunk, seed)
+    short = memory_shortfall(sessions, turns, kv_tokens, slots)
+    if short is not None:
+        raise ValueError(
+            f"sessions={sessions:,}, turns={turns:,}, kv_tokens={kv_tokens:,} and "
+            f"slots={slots:,} {short}"
+        )
     work = demo_sessions(sessions, turns, seed)
     check_fits(work, kv_tokens)
     return report(work, f"{sessions} sessions x {turns} turns", kv_tokens, slots, chunk)

@@ -19,9 +19,15 @@ def add(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mambaradix.demo import check_fits, demo_sessions, report
+    from mambaradix.demo import check_fits, demo_sessions, memory_shortfall, report
 
     start = time.perf_counter()
+    short = memory_shortfall(args.sessions, args.turns, args.kv_tokens, args.state_slots)
+    if short is not None:
+        raise UsageError(
+            f"--sessions {args.sessions:,}, --turns {args.turns:,}, --kv-tokens "
+            f"{args.kv_tokens:,} and --state-slots {args.state_slots:,} {short}"
+        )
     work = demo_sessions(args.sessions, args.turns, args.seed)
     try:
         check_fits(work, args.kv_tokens)
