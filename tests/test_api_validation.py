@@ -298,6 +298,29 @@ def test_compare_cache_needs_a_new_token(new: Any, exc: type[Exception]) -> None
         compare_cache([[[1, 2, 3]]], new, kv_tokens=64, state_slots=4)
 
 
+def save_llama(path: Any) -> None:
+    """A tiny attention-only checkpoint: not a hybrid model."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+
+
+def test_engine_local_checkpoints_that_cannot_serve(tmp_path: Any) -> None:
+    from mambaradix.engine import Engine
+
+    with pytest.raises(ValueError, match=f"^model '{tmp_path}' cannot be loaded: "):
+        Engine(model=str(tmp_path))  # a directory, but no checkpoint in it
+    save_llama(tmp_path / "llama")
+    with pytest.raises(
+        ValueError, match="^model must be a hybrid model.* 1 attention and 0 recurrent"
+    ):
+        Engine(model=str(tmp_path / "llama"))
+
+
 def test_engine_without_cache_needs_one_slot() -> None:
     from mambaradix.engine import Engine
 

@@ -293,6 +293,21 @@ def test_engine_inputs(
     assert says in refused(cwd, capsys, "engine", *args)
 
 
+def test_engine_refuses_a_directory_it_cannot_serve(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_api_validation import save_llama
+
+    (cwd / "empty").mkdir()
+    line = refused(cwd, capsys, "engine", "--model", "empty", "--no-progress")
+    assert line.startswith("mambaradix engine: error: --model empty: model 'empty' cannot be")
+    save_llama(cwd / "llama")
+    capsys.readouterr()  # transformers' own progress bar, writing it
+    # --no-progress hides transformers' bar loading it too: the error is the one line
+    line = refused(cwd, capsys, "engine", "--model", "llama", "--no-progress")
+    assert "error: --model llama: model must be a hybrid model" in line
+
+
 def test_engine_refuses_a_mooncake_format_file(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -194,9 +194,14 @@ def prepare(args: argparse.Namespace, device: Any, dtype: Any) -> tuple[Any, lis
     from mambaradix.replay.progress import shown
 
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # notes on CUDA kernels
+    if args.no_progress:  # its bar loading a local checkpoint too
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     torch.set_num_threads(args.threads)
-    net = build_model(args.model, args.seed, dtype).to(device)
-    check_memory(net, args)
+    try:  # a local checkpoint directory may hold no model, or one that is not hybrid
+        net = build_model(args.model, args.seed, dtype).to(device)
+        check_memory(net, args)  # probes the model's layers
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--model {args.model}: {e}") from None
     with shown(not args.no_progress):
         sessions = load_sessions(args.workload, int(net.config.vocab_size), args.sessions)
     check_kv(sessions, args)

@@ -70,7 +70,10 @@ def build_model(
             net = cls(cfg)
         net = net.to(dtype)
     elif os.path.isdir(model):
-        net = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+        try:
+            net = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+        except (ValueError, OSError) as e:  # no config, an unknown model type, no weights
+            raise ValueError(f"model {model!r} cannot be loaded: {e}") from None
     else:
         raise ValueError(
             f"unknown model {model!r}: use a preset ({', '.join(PRESETS)}) or a local directory"
