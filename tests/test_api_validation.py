@@ -321,6 +321,29 @@ def test_engine_local_checkpoints_that_cannot_serve(tmp_path: Any) -> None:
         Engine(model=str(tmp_path / "llama"))
 
 
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        # transformers' configs keep unknown keywords as attributes: a typo changed nothing
+        ({"model_overrides": {"hiden_size": 64}}, "model_overrides: 'hiden_size' is not a field"),
+        ({"model_overrides": {"hidden_size": -1}}, "model_overrides {'hidden_size': -1}: "),
+    ],
+)
+def test_engine_overrides_that_cannot_apply(kw: dict[str, Any], says: str) -> None:
+    from mambaradix.engine import Engine
+
+    with pytest.raises(ValueError, match=f"^{says}"):
+        Engine(**kw)
+
+
+def test_engine_overrides_do_not_apply_to_a_checkpoint(tmp_path: Any) -> None:
+    from mambaradix.engine import Engine
+
+    save_llama(tmp_path)
+    with pytest.raises(ValueError, match="^model_overrides apply to presets only"):
+        Engine(model=str(tmp_path), model_overrides={"hidden_size": 64})
+
+
 def test_engine_without_cache_needs_one_slot() -> None:
     from mambaradix.engine import Engine
 

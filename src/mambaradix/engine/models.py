@@ -49,6 +49,27 @@ def state_geometry(model: str, dtype: torch.dtype = torch.float32) -> StateGeome
     )
 
 
+def _build_preset(
+    transformers: Any, model: str, seed: int, overrides: dict[str, Any] | None
+) -> Any:
+    """Preset `model` with `overrides` (ValueError for a key its config lacks,
+    which the config would keep without effect, or values it cannot be built with)."""
+    family, kwargs = PRESETS[model]
+    config_cls = getattr(transformers, f"{family}Config")
+    unknown = [k for k in overrides or {} if not hasattr(config_cls(), k)]
+    if unknown:
+        raise ValueError(f"model_overrides: {unknown[0]!r} is not a field of {config_cls.__name__}")
+    try:
+        cfg = config_cls(**{**kwargs, **(overrides or {})})
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return getattr(transformers, f"{family}ForCausalLM")(cfg)
+    except (ValueError, TypeError, RuntimeError) as e:
+        if not overrides:
+            raise
+        raise ValueError(f"model_overrides {overrides}: {e}") from None
+
+
 def build_model(
     model: str,
     seed: int = 0,
@@ -62,13 +83,9 @@ def build_model(
     import transformers
 
     if model in PRESETS:
-        family, kwargs = PRESETS[model]
-        cfg = getattr(transformers, f"{family}Config")(**{**kwargs, **(overrides or {})})
-        cls = getattr(transformers, f"{family}ForCausalLM")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            net = cls(cfg)
-        net = net.to(dtype)
+        net = _build_preset(transformers, model, seed, overrides).to(dtype)
+    elif overrides:
+        raise ValueError(f"model_overrides apply to presets only, not to {model!r}")
     elif os.path.isdir(model):
         try:
             net = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
