@@ -344,6 +344,17 @@ def test_engine_overrides_do_not_apply_to_a_checkpoint(tmp_path: Any) -> None:
         Engine(model=str(tmp_path), model_overrides={"hidden_size": 64})
 
 
+def test_engine_max_context_is_the_longest_sequence() -> None:
+    # max_context=40: a 40-token prompt and 1 new token use 40 positions (the last
+    # token is never stored); a 41-token one uses 41, one more than asked for
+    from mambaradix.engine import Engine
+
+    eng = Engine(kv_tokens=64, state_slots=4, max_context=40)
+    assert len(eng.generate([[1] * 40], max_new_tokens=1)[0].output_ids) == 1
+    with pytest.raises(ValueError, match=r"^prompts\[0\] needs 41 positions .* max_context is 40"):
+        eng.generate([[1] * 41], max_new_tokens=1)
+
+
 def test_engine_without_cache_needs_one_slot() -> None:
     from mambaradix.engine import Engine
 

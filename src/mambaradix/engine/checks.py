@@ -128,7 +128,7 @@ def check_generate_args(eng: Engine, prompts: object, max_new_tokens: object) ->
     if max_new == 0:
         return out
     kv, page = eng.mgr.kv.capacity, eng.mgr.page_size
-    context = getattr(eng.mgr.rows, "max_context", None)
+    context = eng.max_context  # positions a sequence may store (its last token is not)
     for i, p in enumerate(out):
         if not fits_alone(len(p), max_new, page, kv):
             need, why = kv_need(len(p), max_new, page)
@@ -138,7 +138,7 @@ def check_generate_args(eng: Engine, prompts: object, max_new_tokens: object) ->
         if context is not None and len(p) + max_new - 1 > context:
             raise ValueError(
                 f"prompts[{i}] needs {len(p) + max_new - 1:,} positions ({len(p):,} prompt + "
-                f"{max_new} new - 1) but the request table holds {context:,} (max_context)"
+                f"{max_new} new - 1) but max_context is {context:,}"
             )
     return out
 

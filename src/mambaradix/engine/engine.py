@@ -160,6 +160,7 @@ class Engine:
         _check_memory(net, kv_tokens, state_slots, max_running, max_context, page_size)
         self.model_name, self.net = model, net
         self.prefix_cache, self.deterministic = prefix_cache, deterministic
+        self.max_context = max_context
         self.adapter = PoolAdapter(self.net, kv_tokens, state_slots)
         self.mgr = _cache_manager(
             self.adapter, kv_tokens, state_slots, max_running, max_context, page_size,
