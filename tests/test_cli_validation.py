@@ -308,6 +308,24 @@ def test_engine_refuses_a_directory_it_cannot_serve(
     assert "error: --model llama: model must be a hybrid model" in line
 
 
+def test_engine_checks_its_workload_before_building_the_model(
+    cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a local checkpoint can take minutes to load: a workload or a pool that cannot
+    # serve is refused first (the vocabulary comes from the model's config)
+    import mambaradix.engine.models
+
+    def no_model(*_: object, **__: object) -> None:
+        raise AssertionError("the model was built before the input was checked")
+
+    monkeypatch.setattr(mambaradix.engine.models, "build_model", no_model)
+    line = refused(cwd, capsys, "engine", "--kv-tokens", "10", "--no-progress")
+    assert "--kv-tokens 10 is too small: session" in line
+    (cwd / "bad.jsonl").write_text("hello\n")
+    line = refused(cwd, capsys, "engine", "--workload", "bad.jsonl", "--no-progress")
+    assert "--workload: bad.jsonl, line 1: invalid JSON" in line
+
+
 def test_engine_refuses_a_mooncake_format_file(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,15 +1,18 @@
 """`mambaradix engine`: a real hybrid model served on the cache, on vs off.
 
 Order of work: parse, `validate` (the engine extra, the model, a token-level
-workload, option combinations, the device), build the model (once, on its
-device, for both runs), check that its pools fit in memory, load the
-workload's sessions, check that the pools admit its largest request, then
-serve (a progress bar counts requests)."""
+workload, option combinations, the device), load the workload's sessions (the
+vocabulary from the model's config), check that the pools admit its largest
+request, build the model (once, on its device, for both runs; a checkpoint can
+take long to load), check that its pools fit in memory, then serve (a progress
+bar counts requests)."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -185,27 +188,39 @@ def _block_level(workload: str) -> bool:
 
 
 def prepare(args: argparse.Namespace, device: Any, dtype: Any) -> tuple[Any, list[list[list[int]]]]:
-    """Torch threads, the model (built once, on its device, for both runs), its
-    memory and vocabulary, the sessions, their sizes."""
+    """Torch threads; the sessions (with the vocabulary from the model's config)
+    and their sizes, checked before the model is built (a checkpoint can take
+    long to load); the model (built once, on its device, for both runs) and
+    its memory."""
     import torch
     from transformers.utils import logging as hf_logging
 
-    from mambaradix.engine.models import build_model
+    from mambaradix.engine.models import build_model, vocab_size
     from mambaradix.replay.progress import shown
 
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # notes on CUDA kernels
     if args.no_progress:  # its bar loading a local checkpoint too
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     torch.set_num_threads(args.threads)
-    try:  # a local checkpoint directory may hold no model, or one that is not hybrid
+    with model_errors(args):
+        vocab = vocab_size(args.model)
+    with shown(not args.no_progress):
+        sessions = load_sessions(args.workload, vocab, args.sessions)
+    check_kv(sessions, args)
+    with model_errors(args):
         net = build_model(args.model, args.seed, dtype).to(device)
         check_memory(net, args)  # probes the model's layers
+    return net, sessions
+
+
+@contextmanager
+def model_errors(args: argparse.Namespace) -> Iterator[None]:
+    """A local checkpoint directory may hold no model, or one that is not
+    hybrid: a UsageError naming --model."""
+    try:
+        yield
     except (ValueError, OSError) as e:
         raise UsageError(f"--model {args.model}: {e}") from None
-    with shown(not args.no_progress):
-        sessions = load_sessions(args.workload, int(net.config.vocab_size), args.sessions)
-    check_kv(sessions, args)
-    return net, sessions
 
 
 def load_sessions(workload: str, vocab: int, limit: int) -> list[list[list[int]]]:

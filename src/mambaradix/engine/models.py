@@ -19,7 +19,7 @@ from mambaradix.geometry.derive import engine_state_dtypes, state_shapes
 from mambaradix.geometry.presets import PRESETS as GEOMETRY_PRESETS
 from mambaradix.pools.geometry import StateGeometry
 
-__all__ = ["PRESETS", "build_model", "state_geometry"]
+__all__ = ["PRESETS", "build_model", "state_geometry", "vocab_size"]
 
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     name: (preset.family, preset.config_kwargs()) for name, preset in GEOMETRY_PRESETS.items()
@@ -97,3 +97,17 @@ def build_model(
         )
     net.eval()
     return net
+
+
+def vocab_size(model: str) -> int:
+    """The vocabulary of preset or checkpoint `model`, read from its config
+    alone (nothing is built); ValueError if the config cannot be read."""
+    import transformers
+
+    if model in PRESETS:
+        family, kwargs = PRESETS[model]
+        return int(getattr(transformers, f"{family}Config")(**kwargs).vocab_size)
+    try:
+        return int(transformers.AutoConfig.from_pretrained(model).vocab_size)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"model {model!r} cannot be loaded: {e}") from None
