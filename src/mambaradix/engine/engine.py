@@ -301,7 +301,9 @@ def _cache_manager(
     evictor: Evictor,
     sglang_rules: bool | None,
 ) -> CacheManager:
-    mamba_chunk = max(64, page_size)  # SGLang: max(FLA chunk 64, page_size)
+    # SGLang: max(FLA chunk 64, page_size), which must divide each other; a page
+    # that does not divide 64 rounds it up to whole pages, as the replay does
+    mamba_chunk = -(-max(64, page_size) // page_size) * page_size
     kv = TokenKVAllocator(kv_tokens) if page_size == 1 else PagedKVAllocator(kv_tokens, page_size)
     return CacheManager(
         MambaRadixCache(page_size=page_size, chunk_size=mamba_chunk, compat=compat),
