@@ -227,6 +227,23 @@ def test_demo_numbers(
     assert says in refused(cwd, capsys, "demo", *args)
 
 
+def test_demo_shows_progress_over_its_requests(
+    cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a demo of many sessions runs for seconds: a bar counts its requests, both
+    # behaviours (the bar appears after a second; here it is asked for at once)
+    import mambaradix.replay.progress
+    from mambaradix.demo import demo_sessions
+
+    monkeypatch.setattr(mambaradix.replay.progress, "DELAY_S", 0.0)
+    requests = len(demo_sessions(2, 2, 0))
+    assert main(["demo", "--sessions", "2", "--turns", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"{2 * requests}/{2 * requests}" in err and "serving" in err
+    assert main(["demo", "--sessions", "2", "--turns", "2", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_demo_kv_pool_too_small(cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from mambaradix.demo import demo_sessions
 

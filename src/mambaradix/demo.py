@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from array import array
+from collections.abc import Callable
 
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager
@@ -53,9 +54,15 @@ def demo_sessions(sessions: int, turns: int, seed: int, vocab: int = 32_000) -> 
 
 
 def serve_all(
-    compat: str | None, turns: list[Turn], kv_tokens: int, slots: int, chunk: int
+    compat: str | None,
+    turns: list[Turn],
+    kv_tokens: int,
+    slots: int,
+    chunk: int,
+    on_request: Callable[[int], object] | None = None,
 ) -> dict[str, float]:
-    """Serve the turns through the scheduler, one at a time, with a stand-in model."""
+    """Serve the turns through the scheduler, one at a time, with a stand-in
+    model; `on_request(1)` after each (a progress bar)."""
     pool = FingerprintStatePool(slots)
     context = max(len(p) + len(a) for p, a in turns)
     mgr = CacheManager(
@@ -76,6 +83,8 @@ def serve_all(
         sched.submit(seq)
         seqs.append(seq)
         sched.run()
+        if on_request is not None:
+            on_request(1)
     mgr.tree.check_invariants()
     mgr.check_conservation()
     prompt_tokens = sum(s.prompt_tokens for s in seqs)
@@ -165,10 +174,18 @@ def run_demo(sessions: int, turns: int, kv_tokens: int, slots: int, chunk: int, 
     return report(work, f"{sessions} sessions x {turns} turns", kv_tokens, slots, chunk)
 
 
-def report(work: list[Turn], what: str, kv_tokens: int, slots: int, chunk: int) -> str:
-    """Serve checked `work` with both tree behaviours; the side-by-side report."""
+def report(
+    work: list[Turn],
+    what: str,
+    kv_tokens: int,
+    slots: int,
+    chunk: int,
+    on_request: Callable[[int], object] | None = None,
+) -> str:
+    """Serve checked `work` with both tree behaviours; the side-by-side report.
+    `on_request(1)` after each request of either (a progress bar)."""
     rows = {
-        name: serve_all(compat, work, kv_tokens, slots, chunk)
+        name: serve_all(compat, work, kv_tokens, slots, chunk, on_request)
         for name, compat in (("mambaradix", None), ("sglang-0.5.15", "sglang"))
     }
     lines = [
