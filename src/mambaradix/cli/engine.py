@@ -25,7 +25,11 @@ SEED_LIMIT = (2**64, "2**64")  # torch.manual_seed's range
 
 
 def add(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="nemotron-h-tiny", help="nemotron-h-tiny, qwen3-next-tiny")
+    p.add_argument(
+        "--model",
+        default="nemotron-h-tiny",
+        help="nemotron-h-tiny, qwen3-next-tiny, or a local checkpoint directory",
+    )
     p.add_argument(
         "--workload", default="mt-bench", help=f"multi-turn, token-level: {TOKEN_WORKLOADS}"
     )
