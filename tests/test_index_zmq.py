@@ -286,6 +286,9 @@ W1 = ["--workers", "1=tcp://127.0.0.1:1"]
         ([*W1, "--replay", "1=tcp://127.0.0.1:"], "--replay 1=tcp://127.0.0.1:: Invalid argument"),
         ([*W1, "--host", "no-such-host.invalid", "--port", "0"], "--host no-such-host.invalid "),
         ([*W1, "--replay", "2=tcp://127.0.0.1:2"], "worker 2 is not in --workers"),
+        # ZMQ connects to tcp://host:99999 without a word (no such port exists)
+        (["--workers", "1=tcp://127.0.0.1:99999"], "'tcp://127.0.0.1:99999' has no port 1-65535"),
+        ([*W1, "--replay", "1=tcp://127.0.0.1:0"], "'tcp://127.0.0.1:0' has no port 1-65535"),
     ],
 )
 def test_cli_refuses_with_one_line(

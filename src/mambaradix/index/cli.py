@@ -27,6 +27,10 @@ def _endpoints(text: str) -> dict[int, str]:
             raise argparse.ArgumentTypeError(f"expected WORKER_ID=ENDPOINT, got {item!r}")
         if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
             raise argparse.ArgumentTypeError(f"{endpoint!r} is not a tcp://, ipc:// or inproc://")
+        port = endpoint.rpartition(":")[2]
+        if endpoint.startswith("tcp://") and port.isdigit() and not 0 < int(port) <= 65535:
+            # ZMQ would connect to it without a word
+            raise argparse.ArgumentTypeError(f"{endpoint!r} has no port 1-65535")
         if int(wid) in out:
             raise argparse.ArgumentTypeError(f"worker {int(wid)} is given twice")
         out[int(wid)] = endpoint
