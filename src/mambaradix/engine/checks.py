@@ -150,7 +150,7 @@ def memory_shortfall(
     ... and only Y GB is ...'. The K/V and state tensors go to the model's
     device; the free lists (every KV index, slot and row) and the request
     table (`rows` x `positions` int64) to this machine, which must keep half
-    its available memory free (a check: nothing is allocated)."""
+    its available memory free. Only a probe of one token and one slot is made."""
     from mambaradix.engine.adapter import PoolAdapter
 
     probe = PoolAdapter(net, kv_tokens=1, state_slots=1)  # one token, one slot
