@@ -266,6 +266,9 @@ ENGINE = [
     (["--chunk-size", "0"], "argument --chunk-size: must be >= 1"),
     (["--max-running", "0"], "argument --max-running: must be >= 1"),
     (["--threads", "0"], "argument --threads: must be >= 1"),
+    # torch would try to start them (MemoryError), or overflow (2**31)
+    (["--threads", "100000"], "--threads 100000 is more than the "),
+    (["--threads", str(2**31)], "--threads 2147483648 is more than the "),
     (["--seed", "-1"], "argument --seed: must be >= 0"),
     (["--seed", str(2**64)], "argument --seed: must be < 2**64"),  # torch.manual_seed's range
     (["--model", "no-such-model"], "--model: unknown model 'no-such-model'; presets:"),

@@ -10,6 +10,7 @@ bar counts requests)."""
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -121,6 +122,9 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
             f"token ids): the engine needs token ids; use {TOKEN_WORKLOADS}"
         )
     check_paging(args)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cpus and args.threads > cpus:  # torch would start them all, or overflow
+        raise UsageError(f"--threads {args.threads} is more than the {cpus} CPUs this process has")
     device = check_device(args)
     return {
         "device": device,
