@@ -183,6 +183,15 @@ def test_model_profile_still_checks_its_fields() -> None:
         ((2, 2, 1000, 4, 64, -1), ValueError, "seed must be >= 0"),
         ((2, 2, 100, 4, 64, 0), ValueError, "kv_tokens 100 is too small: request"),
         ((2, 2, 1000, 4, 64.0, 0), TypeError, "chunk must be an int, got float"),
+        # each request's prompt holds at least a 500-token system prompt and 20 user tokens
+        # (8 B a token as a list, and again as the scheduler's array): 10**12 x 520 x 16 B
+        ((10**6, 10**6, 10**6, 4, 64, 0), ValueError, "sessions=1,000,000, turns=1,000,000, k"),
+        # 17 B of free list per KV token: 1.7 PB
+        (
+            (2, 2, 10**14, 4, 64, 0),
+            ValueError,
+            "sessions=2, turns=2, kv_tokens=100,000,000,000,000",
+        ),
     ],
 )
 def test_demo_entry(args: tuple[Any, ...], exc: type[Exception], says: str) -> None:
@@ -205,6 +214,12 @@ ENGINE_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"model": 3}, TypeError, "model must be a preset name or a path, got int"),
     ({"seed": -1}, ValueError, "seed must be >= 0"),
     ({"seed": 1.0}, TypeError, "seed must be an int, got float"),
+    ({"seed": 2**64}, ValueError, "seed must be < 2\\*\\*64"),  # torch.manual_seed's range
+    ({"dtype": torch.float8_e4m3fn}, TypeError, "dtype must be torch.float32, torch.bfloat"),
+    ({"checkpoints": 1}, TypeError, "checkpoints must be None or a CheckpointPolicy"),
+    ({"evictor": 1}, TypeError, "evictor must be a callable"),
+    ({"sglang_rules": "yes"}, TypeError, "sglang_rules must be None or a bool, got str"),
+    ({"net": "a model"}, TypeError, "net must be None or a torch.nn.Module, got str"),
     ({"prefix_cache": 1}, TypeError, "prefix_cache must be a bool, got int"),
     ({"kv_tokens": 0}, ValueError, "kv_tokens must be >= 1"),
     ({"kv_tokens": 64.0}, TypeError, "kv_tokens must be an int, got float"),
@@ -256,6 +271,92 @@ def test_engine_constructor(kw: dict[str, Any], exc: type[Exception], says: str)
         Engine(**kw)
 
 
+@pytest.mark.parametrize(
+    ("kw", "names"),
+    [
+        ({"kv_tokens": 2**50}, "kv_tokens=1,125,899,906,842,624, state_slots=64 and max_running=8"),
+        (
+            {"state_slots": 2**40},
+            "kv_tokens=65,536, state_slots=1,099,511,627,776 and max_running=8",
+        ),
+        # 10**6 request-table rows of 65,537 positions x 8 B: 524 GB
+        ({"max_running": 10**6}, "kv_tokens=65,536, state_slots=64 and max_running=1,000,000"),
+    ],
+)
+def test_engine_pools_beyond_this_machine(kw: dict[str, Any], names: str) -> None:
+    from mambaradix.engine import Engine
+
+    with pytest.raises(ValueError, match=f"^{names} need about .* GB of this machine's memory"):
+        Engine(**kw)
+
+
+@pytest.mark.parametrize(("new", "exc"), [(0, ValueError), (-1, ValueError), (1.0, TypeError)])
+def test_compare_cache_needs_a_new_token(new: Any, exc: type[Exception]) -> None:
+    # generate(..., 0) runs nothing and counts nothing, so a comparison of no
+    # new tokens would report 0 prompt tokens for requests it says it served.
+    from mambaradix.compare import compare_cache
+
+    with pytest.raises(exc, match="^max_new_tokens must be"):
+        compare_cache([[[1, 2, 3]]], new, kv_tokens=64, state_slots=4)
+
+
+def save_llama(path: Any) -> None:
+    """A tiny attention-only checkpoint: not a hybrid model."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+
+
+def test_engine_local_checkpoints_that_cannot_serve(tmp_path: Any) -> None:
+    from mambaradix.engine import Engine
+
+    with pytest.raises(ValueError, match=f"^model '{tmp_path}' cannot be loaded: "):
+        Engine(model=str(tmp_path))  # a directory, but no checkpoint in it
+    save_llama(tmp_path / "llama")
+    with pytest.raises(
+        ValueError, match="^model must be a hybrid model.* 1 attention and 0 recurrent"
+    ):
+        Engine(model=str(tmp_path / "llama"))
+
+
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        # transformers' configs keep unknown keywords as attributes: a typo changed nothing
+        ({"model_overrides": {"hiden_size": 64}}, "model_overrides: 'hiden_size' is not a field"),
+        ({"model_overrides": {"hidden_size": -1}}, "model_overrides {'hidden_size': -1}: "),
+    ],
+)
+def test_engine_overrides_that_cannot_apply(kw: dict[str, Any], says: str) -> None:
+    from mambaradix.engine import Engine
+
+    with pytest.raises(ValueError, match=f"^{says}"):
+        Engine(**kw)
+
+
+def test_engine_overrides_do_not_apply_to_a_checkpoint(tmp_path: Any) -> None:
+    from mambaradix.engine import Engine
+
+    save_llama(tmp_path)
+    with pytest.raises(ValueError, match="^model_overrides apply to presets only"):
+        Engine(model=str(tmp_path), model_overrides={"hidden_size": 64})
+
+
+def test_engine_max_context_is_the_longest_sequence() -> None:
+    # max_context=40: a 40-token prompt and 1 new token use 40 positions (the last
+    # token is never stored); a 41-token one uses 41, one more than asked for
+    from mambaradix.engine import Engine
+
+    eng = Engine(kv_tokens=64, state_slots=4, max_context=40)
+    assert len(eng.generate([[1] * 40], max_new_tokens=1)[0].output_ids) == 1
+    with pytest.raises(ValueError, match=r"^prompts\[0\] needs 41 positions .* max_context is 40"):
+        eng.generate([[1] * 41], max_new_tokens=1)
+
+
 def test_engine_without_cache_needs_one_slot() -> None:
     from mambaradix.engine import Engine
 
@@ -289,6 +390,17 @@ def test_engine_generate(
         engine.generate(prompts, max_new_tokens=new)
     assert engine.stats() == before  # nothing ran, nothing counted
     engine.check()
+
+
+def test_engine_generate_names_the_pool_a_long_answer_needs() -> None:
+    # Admission clips the new tokens at 4096 (3 + 4096 + 1 < 4200), but after
+    # 5000 greedy tokens the sequence holds 3 + 5000 - 1 = 5002 KV positions:
+    # the pool it needs is 5002, not the 4101 admission alone asks for.
+    from mambaradix.engine import Engine
+
+    eng = Engine(kv_tokens=4200, state_slots=4)
+    with pytest.raises(ValueError, match=r"^prompts\[0\] needs a KV pool of 5,002 tokens"):
+        eng.generate([[1, 2, 3]], max_new_tokens=5000)
 
 
 def test_engine_generate_accepts_what_fits_exactly(engine: Any) -> None:

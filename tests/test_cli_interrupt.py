@@ -86,3 +86,41 @@ def test_ctrl_c_stops_a_sweep(tmp_path: Path, workers: str, to_group: bool) -> N
     assert stderr.rstrip().endswith("mambaradix replay: interrupted; nothing written")
     assert session_processes(proc.pid) == []  # no worker left running
     assert list(out.iterdir()) == []  # no plot, no JSON, no temporary file
+
+
+def _interrupt(*_: object, **__: object) -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    ("argv", "target", "says"),
+    [
+        # Ctrl-C while the parser is built (the subcommands' modules import numpy, torch...)
+        (["engine"], "mambaradix.cli.engine.add", "mambaradix: interrupted"),
+        # Ctrl-C while `mambaradix index` imports zmq or binds, before its own handler is set
+        (
+            ["index", "--workers", "1=tcp://127.0.0.1:5999", "--port", "0"],
+            "IndexServer",
+            "mambaradix index: interrupted",
+        ),
+    ],
+    ids=["while parsing", "index before it listens"],
+)
+def test_ctrl_c_before_the_command_runs(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    target: str,
+    says: str,
+) -> None:
+    from mambaradix.cli import main
+
+    if target == "IndexServer":
+        import mambaradix.index.server
+
+        monkeypatch.setattr(mambaradix.index.server.IndexServer, "__init__", _interrupt)
+    else:
+        monkeypatch.setattr(target, _interrupt)
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == says

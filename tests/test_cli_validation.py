@@ -212,6 +212,11 @@ DEMO = [
     (["--chunk", "0"], "argument --chunk: must be >= 1"),
     (["--seed", "-1"], "argument --seed: must be >= 0"),
     (["--sessions", "2.5"], "argument --sessions: expected a whole number"),
+    (
+        ["--kv-tokens", str(10**14)],
+        "--sessions 24, --turns 6, --kv-tokens 100,000,000,000,000 and --state-slots 48 need at",
+    ),
+    (["--sessions", str(10**9)], "--sessions 1,000,000,000, --turns 6, --kv-tokens 60,000 and"),
 ]
 
 
@@ -220,6 +225,23 @@ def test_demo_numbers(
     cwd: Path, capsys: pytest.CaptureFixture[str], args: list[str], says: str
 ) -> None:
     assert says in refused(cwd, capsys, "demo", *args)
+
+
+def test_demo_shows_progress_over_its_requests(
+    cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a demo of many sessions runs for seconds: a bar counts its requests, both
+    # behaviours (the bar appears after a second; here it is asked for at once)
+    import mambaradix.replay.progress
+    from mambaradix.demo import demo_sessions
+
+    monkeypatch.setattr(mambaradix.replay.progress, "DELAY_S", 0.0)
+    requests = len(demo_sessions(2, 2, 0))
+    assert main(["demo", "--sessions", "2", "--turns", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"{2 * requests}/{2 * requests}" in err and "serving" in err
+    assert main(["demo", "--sessions", "2", "--turns", "2", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_demo_kv_pool_too_small(cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -244,7 +266,11 @@ ENGINE = [
     (["--chunk-size", "0"], "argument --chunk-size: must be >= 1"),
     (["--max-running", "0"], "argument --max-running: must be >= 1"),
     (["--threads", "0"], "argument --threads: must be >= 1"),
+    # torch would try to start them (MemoryError), or overflow (2**31)
+    (["--threads", "100000"], "--threads 100000 is more than the "),
+    (["--threads", str(2**31)], "--threads 2147483648 is more than the "),
     (["--seed", "-1"], "argument --seed: must be >= 0"),
+    (["--seed", str(2**64)], "argument --seed: must be < 2**64"),  # torch.manual_seed's range
     (["--model", "no-such-model"], "--model: unknown model 'no-such-model'; presets:"),
     (["--workload", "mooncake"], "--workload mooncake is a block-level trace"),
     (["--workload", "nope"], "--workload: 'nope' is neither a bundled workload"),
@@ -287,6 +313,39 @@ def test_engine_inputs(
     assert says in refused(cwd, capsys, "engine", *args)
 
 
+def test_engine_refuses_a_directory_it_cannot_serve(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_api_validation import save_llama
+
+    (cwd / "empty").mkdir()
+    line = refused(cwd, capsys, "engine", "--model", "empty", "--no-progress")
+    assert line.startswith("mambaradix engine: error: --model empty: model 'empty' cannot be")
+    save_llama(cwd / "llama")
+    capsys.readouterr()  # transformers' own progress bar, writing it
+    # --no-progress hides transformers' bar loading it too: the error is the one line
+    line = refused(cwd, capsys, "engine", "--model", "llama", "--no-progress")
+    assert "error: --model llama: model must be a hybrid model" in line
+
+
+def test_engine_checks_its_workload_before_building_the_model(
+    cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a local checkpoint can take minutes to load: a workload or a pool that cannot
+    # serve is refused first (the vocabulary comes from the model's config)
+    import mambaradix.engine.models
+
+    def no_model(*_: object, **__: object) -> None:
+        raise AssertionError("the model was built before the input was checked")
+
+    monkeypatch.setattr(mambaradix.engine.models, "build_model", no_model)
+    line = refused(cwd, capsys, "engine", "--kv-tokens", "10", "--no-progress")
+    assert "--kv-tokens 10 is too small: session" in line
+    (cwd / "bad.jsonl").write_text("hello\n")
+    line = refused(cwd, capsys, "engine", "--workload", "bad.jsonl", "--no-progress")
+    assert "--workload: bad.jsonl, line 1: invalid JSON" in line
+
+
 def test_engine_refuses_a_mooncake_format_file(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -320,6 +379,17 @@ def test_engine_kv_too_small_names_the_need(cwd: Path, capsys: pytest.CaptureFix
     line = refused(cwd, capsys, *args)
     assert "--kv-tokens 300 is too small: session" in line
     assert f"needs a pool of {need:,} tokens" in line and f"use --kv-tokens >= {need:,}" in line
+
+
+def test_engine_kv_need_counts_an_answer_beyond_the_clip(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # tiny.jsonl: one 3-token prompt. Admission clips 5000 new tokens at 4096
+    # (3 + 4096 + 1 < 4200), but the finished sequence holds 3 + 5000 - 1 = 5002.
+    args = ["engine", "--workload", "tiny.jsonl", "--max-new-tokens", "5000"]
+    line = refused(cwd, capsys, *args, "--kv-tokens", "4200", "--state-slots", "4")
+    assert "--kv-tokens 4,200 is too small" in line
+    assert "needs a pool of 5,002 tokens" in line and "use --kv-tokens >= 5,002" in line
 
 
 @pytest.mark.parametrize(
@@ -388,7 +458,10 @@ def test_replay_memory_beyond_this_machine(cwd: Path, capsys: pytest.CaptureFixt
 
 def test_engine_pools_beyond_this_machine(cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
     line = refused(cwd, capsys, "engine", "--kv-tokens", str(10**13), "--no-progress")
-    assert "--kv-tokens 10,000,000,000,000 and --state-slots 64 need about" in line
+    assert "--kv-tokens 10,000,000,000,000, --state-slots 64 and --max-running 8 need about" in line
+    # the request table (a row of --kv-tokens + 1 positions, 8 B each, per running request)
+    line = refused(cwd, capsys, "engine", "--max-running", str(10**9), "--no-progress")
+    assert "--kv-tokens 65,536, --state-slots 64 and --max-running 1,000,000,000 need" in line
 
 
 def test_debug_shows_the_traceback(cwd: Path) -> None:

@@ -50,6 +50,20 @@ CASES = [
             "track_interval": 16,
         },
     ),
+    # a page that does not divide SGLang's 64-token mamba chunk: both round the
+    # chunk up to whole pages (66)
+    (
+        SGLangExtraBuffer,
+        {
+            "compat": "sglang",
+            "strategy": "extra_buffer",
+            "page_size": 3,
+            "kv_tokens": 639,
+            "state_slots": 16,
+            "chunk_size": 63,
+            "track_interval": 30,
+        },
+    ),
     (MambaRadix, {"kv_tokens": 420, "state_slots": 10, "chunk_size": 32}),
     # ours where every state slot is contended: admission compares with the
     # state it would displace, and eviction ranks by learned value

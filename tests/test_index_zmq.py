@@ -188,7 +188,7 @@ def server() -> Any:
         [1, 2, 3, 4], [0, 1, 2, 3], state=99, prev_prefix_len=4
     )  # a state at 4, KV to 8
     prod.flush()
-    srv = IndexServer(("127.0.0.1", 0), prod.truth, threading.Lock())
+    srv = IndexServer(("127.0.0.1", 0), prod.truth, threading.Lock(), read_timeout_s=2.0)
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
     yield f"http://127.0.0.1:{srv.server_port}"
@@ -264,6 +264,86 @@ def test_cli_bad_input(args: list[str], message: str) -> None:
     done = run_cli(*args)
     assert done.returncode == 2 and message in done.stderr
     assert done.stdout == ""
+
+
+W1 = ["--workers", "1=tcp://127.0.0.1:1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        # every wait must stay bounded: no infinite --timeout (nor --duration)
+        (
+            [*W1, "--timeout", "inf"],
+            "argument --timeout: expected a positive finite number of seconds, got 'inf'",
+        ),
+        (
+            [*W1, "--duration", "1e400"],
+            "argument --duration: expected a positive finite number of seconds, got '1e400'",
+        ),
+        # what only binding or connecting finds is still bad input: exit 2, the option named
+        (["--workers", "1=tcp://127.0.0.1"], "--workers 1=tcp://127.0.0.1: Invalid argument"),
+        ([*W1, "--replay", "1=tcp://127.0.0.1:"], "--replay 1=tcp://127.0.0.1:: Invalid argument"),
+        ([*W1, "--host", "no-such-host.invalid", "--port", "0"], "--host no-such-host.invalid "),
+        ([*W1, "--replay", "2=tcp://127.0.0.1:2"], "worker 2 is not in --workers"),
+        # ZMQ connects to tcp://host:99999 without a word (no such port exists)
+        (["--workers", "1=tcp://127.0.0.1:99999"], "'tcp://127.0.0.1:99999' has no port 1-65535"),
+        ([*W1, "--replay", "1=tcp://127.0.0.1:0"], "'tcp://127.0.0.1:0' has no port 1-65535"),
+    ],
+)
+def test_cli_refuses_with_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], line: str
+) -> None:
+    from mambaradix.cli import main
+
+    assert main(["index", *args, "--duration", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("mambaradix index: error: ") and line in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_port_in_use(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from mambaradix.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["index", *W1, "--port", str(port), "--duration", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"mambaradix index: error: --host 127.0.0.1 --port {port}: ")
+    assert "in use" in err
+
+
+def test_http_errors_are_json(server: str) -> None:
+    # an unsupported method, a bad request line: the same {"error": ...} as every error
+    import http.client
+
+    host, port = server.removeprefix("http://").split(":")
+    for method, path in (("PUT", "/query"), ("DELETE", "/workers"), ("GET /x", "y")):
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        conn.request(method, path)
+        answer = conn.getresponse()
+        assert answer.status in (400, 501)
+        assert answer.getheader("Content-Type") == "application/json"
+        assert "error" in json.loads(answer.read())
+        conn.close()
+
+
+def test_http_a_stalled_client_is_dropped(server: str) -> None:
+    # a client that announces 100 bytes and sends one must not hold its thread forever
+    import socket
+
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /query HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+        start = time.monotonic()
+        reply = s.recv(4096)  # the server answers (or closes) once its read times out
+        assert time.monotonic() - start < 10
+    assert reply == b"" or b" 408 " in reply.split(b"\r\n")[0]
 
 
 def test_cli_serves_what_it_is_fed() -> None:

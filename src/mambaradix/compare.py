@@ -148,21 +148,25 @@ def compare_cache(
     model: str = "nemotron-h-tiny",
     seed: int = 0,
     on_round: Callable[[int], None] | None = None,
+    net: Any = None,
     **engine_kw: Any,
 ) -> dict[str, Any]:
-    """Serve `sessions` with the cache on and off (same model weights) and
+    """Serve `sessions` with the cache on and off (same model weights: `net`,
+    or the one the first engine builds) and
     summarise: identical outputs, token counts, hit rate, timings, and the
     replay's prediction for the cached run (None for a deterministic engine:
     the replay does not cut prefills on its grid). `on_round(n)`: called after each
-    round of either run with its number of requests (a progress bar)."""
+    round of either run with its number of requests (a progress bar).
+    ValueError unless max_new_tokens >= 1."""
     from mambaradix.engine import Engine
     from mambaradix.engine.workload import run_conversations
     from mambaradix.replay.bound import bound_token_hit_rate
+    from mambaradix.validate import as_positive
 
+    as_positive(max_new_tokens, "max_new_tokens")  # 0 would run and count nothing
     out: dict[str, Any] = {}
     runs: dict[str, ConversationRun] = {}
     engines: dict[str, Engine] = {}
-    net = None
     for label, on in (("cache", True), ("no cache", False)):
         eng = Engine(model=model, seed=seed, prefix_cache=on, net=net, **engine_kw)
         net, engines[label] = eng.net, eng

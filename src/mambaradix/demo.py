@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from array import array
+from collections.abc import Callable
 
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager
@@ -30,7 +31,7 @@ from mambaradix.scheduler import (
     fits_alone,
     slots_alone,
 )
-from mambaradix.validate import as_count, as_int, as_positive
+from mambaradix.validate import HOST_BYTES_PER_ID, as_count, as_int, as_positive, available_bytes
 
 Turn = tuple[list[int], list[int]]
 
@@ -53,9 +54,15 @@ def demo_sessions(sessions: int, turns: int, seed: int, vocab: int = 32_000) -> 
 
 
 def serve_all(
-    compat: str | None, turns: list[Turn], kv_tokens: int, slots: int, chunk: int
+    compat: str | None,
+    turns: list[Turn],
+    kv_tokens: int,
+    slots: int,
+    chunk: int,
+    on_request: Callable[[int], object] | None = None,
 ) -> dict[str, float]:
-    """Serve the turns through the scheduler, one at a time, with a stand-in model."""
+    """Serve the turns through the scheduler, one at a time, with a stand-in
+    model; `on_request(1)` after each (a progress bar)."""
     pool = FingerprintStatePool(slots)
     context = max(len(p) + len(a) for p, a in turns)
     mgr = CacheManager(
@@ -76,6 +83,8 @@ def serve_all(
         sched.submit(seq)
         seqs.append(seq)
         sched.run()
+        if on_request is not None:
+            on_request(1)
     mgr.tree.check_invariants()
     mgr.check_conservation()
     prompt_tokens = sum(s.prompt_tokens for s in seqs)
@@ -105,6 +114,24 @@ def tiny_tree() -> str:
 
 
 MIN_SLOTS = slots_alone(0)  # a request locks the state it matched and runs in a copy
+MIN_REQUEST_BYTES = 16 * 520  # the least prompt (500 system + 20 user tokens), 8 B a token
+# in its list and again in the scheduler's array
+
+
+def memory_shortfall(sessions: int, turns: int, kv_tokens: int, slots: int) -> str | None:
+    """None, or 'need at least X GB ...' when the demo's requests (a lower
+    bound: every prompt at its least) and its pools' free lists would not
+    fit in half of this machine's available memory."""
+    have = available_bytes()
+    work = sessions * turns * MIN_REQUEST_BYTES
+    pools = HOST_BYTES_PER_ID * kv_tokens + (HOST_BYTES_PER_ID + 8) * slots
+    if have is None or work + pools <= have // 2:
+        return None
+    return (
+        f"need at least {(work + pools) / 1e9:.1f} GB of this machine's memory ({work / 1e9:.1f}"
+        f" GB of prompts, {pools / 1e9:.1f} GB of pools; half stays free) and only "
+        f"{have / 1e9:.1f} GB is available"
+    )
 
 
 def check_demo_args(
@@ -136,15 +163,29 @@ def run_demo(sessions: int, turns: int, kv_tokens: int, slots: int, chunk: int, 
     """The demo's report; ValueError / TypeError first for arguments that make
     no sense or a KV pool too small for the largest request."""
     check_demo_args(sessions, turns, kv_tokens, slots, chunk, seed)
+    short = memory_shortfall(sessions, turns, kv_tokens, slots)
+    if short is not None:
+        raise ValueError(
+            f"sessions={sessions:,}, turns={turns:,}, kv_tokens={kv_tokens:,} and "
+            f"slots={slots:,} {short}"
+        )
     work = demo_sessions(sessions, turns, seed)
     check_fits(work, kv_tokens)
     return report(work, f"{sessions} sessions x {turns} turns", kv_tokens, slots, chunk)
 
 
-def report(work: list[Turn], what: str, kv_tokens: int, slots: int, chunk: int) -> str:
-    """Serve checked `work` with both tree behaviours; the side-by-side report."""
+def report(
+    work: list[Turn],
+    what: str,
+    kv_tokens: int,
+    slots: int,
+    chunk: int,
+    on_request: Callable[[int], object] | None = None,
+) -> str:
+    """Serve checked `work` with both tree behaviours; the side-by-side report.
+    `on_request(1)` after each request of either (a progress bar)."""
     rows = {
-        name: serve_all(compat, work, kv_tokens, slots, chunk)
+        name: serve_all(compat, work, kv_tokens, slots, chunk, on_request)
         for name, compat in (("mambaradix", None), ("sglang-0.5.15", "sglang"))
     }
     lines = [

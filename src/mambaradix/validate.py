@@ -9,10 +9,15 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
+from pathlib import Path
 
 from mambaradix.pools._checks import as_count, as_int, as_positive
 
+HOST_BYTES_PER_ID = 17  # a free-list entry (8 B), its flag (1 B), scratch on first use (8 B)
+
 __all__ = [
+    "HOST_BYTES_PER_ID",
+    "available_bytes",
     "as_bool",
     "as_count",
     "as_int",
@@ -80,3 +85,14 @@ def as_token_ids(value: object, name: str, vocab_size: int) -> list[int]:
             raise ValueError(f"{name}[{i}] = {tok} is outside the vocabulary [0, {vocab_size})")
         out.append(tok)
     return out
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None (no check)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

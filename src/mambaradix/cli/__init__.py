@@ -13,27 +13,34 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from mambaradix.cli import demo, engine, replay
 from mambaradix.cli.checks import Parser, UsageError
-from mambaradix.index.cli import add_parser as add_index_parser
-from mambaradix.replay.cluster_cli import add_merge_parser
 
 __all__ = ["main"]
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "replay": ("what a hybrid prefix cache saves on a workload, per policy", replay.add),
-    "demo": ("multi-turn sessions through the cache, both tree behaviours", demo.add),
-    "engine": ("a real hybrid model served on the cache, on vs off", engine.add),
+COMMANDS: dict[str, str] = {
+    "replay": "what a hybrid prefix cache saves on a workload, per policy",
+    "demo": "multi-turn sessions through the cache, both tree behaviours",
+    "engine": "a real hybrid model served on the cache, on vs off",
 }
 
 
 def parser() -> Parser:
+    # imported here, inside main's Ctrl-C handling: they take a tenth of a second
+    from mambaradix.cli import demo, engine, replay
+    from mambaradix.index.cli import add_parser as add_index_parser
+    from mambaradix.replay.cluster_cli import add_merge_parser
+
+    adders: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+        "replay": replay.add,
+        "demo": demo.add,
+        "engine": engine.add,
+    }
     top = Parser(prog="mambaradix", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
-    for name, (help_text, add) in COMMANDS.items():
+    for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--debug", action="store_true", help="show tracebacks")
-        add(p)
+        adders[name](p)
     add_index_parser(sub)  # these two have their own checks and exit codes
     add_merge_parser(sub)
     return top
@@ -45,8 +52,15 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
     except SystemExit as e:  # --help, or a bad argument (already reported on one line)
         return e.code if isinstance(e.code, int) else 2
+    except KeyboardInterrupt:
+        print("\nmambaradix: interrupted", file=sys.stderr)
+        return 130
     if args.command in ("index", "merge"):
-        return int(args.func(args))
+        try:
+            return int(args.func(args))
+        except KeyboardInterrupt:  # before the command's own handling of signals
+            print(f"\nmambaradix {args.command}: interrupted", file=sys.stderr)
+            return 130
     prog = f"mambaradix {args.command}"
     try:
         return int(args.run(args))

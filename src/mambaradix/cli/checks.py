@@ -40,8 +40,9 @@ class Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------- argument types
 
 
-def count(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= `minimum` ("3", not "3.0" or "1e3")."""
+def count(minimum: int, below: tuple[int, str] | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number >= `minimum` ("3", not "3.0" or "1e3")
+    and, with `below=(limit, text)`, < limit (`text` says the limit)."""
 
     def parse(text: str) -> int:
         try:
@@ -50,6 +51,8 @@ def count(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text!r}")
+        if below is not None and value >= below[0]:
+            raise argparse.ArgumentTypeError(f"must be < {below[1]}, got {text!r}")
         return value
 
     parse.__name__ = "count"

@@ -1,14 +1,19 @@
 """`mambaradix engine`: a real hybrid model served on the cache, on vs off.
 
 Order of work: parse, `validate` (the engine extra, the model, a token-level
-workload, option combinations, the device), build the model, load the workload's
-sessions, check that the pools admit its largest request, then serve (a
-progress bar counts requests)."""
+workload, option combinations, the device), load the workload's sessions (the
+vocabulary from the model's config), check that the pools admit its largest
+request, build the model (once, on its device, for both runs; a checkpoint can
+take long to load), check that its pools fit in memory, then serve (a progress
+bar counts requests)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +22,15 @@ from mambaradix.cli.checks import UsageError, count
 TOKEN_WORKLOADS = "mt-bench, swe-agent, chitchat, synthetic-multi-turn, or a neutral JSONL file"
 STRATEGIES = ("no_buffer", "extra_buffer")
 DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
+SEED_LIMIT = (2**64, "2**64")  # torch.manual_seed's range
 
 
 def add(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="nemotron-h-tiny", help="nemotron-h-tiny, qwen3-next-tiny")
+    p.add_argument(
+        "--model",
+        default="nemotron-h-tiny",
+        help="nemotron-h-tiny, qwen3-next-tiny, or a local checkpoint directory",
+    )
     p.add_argument(
         "--workload", default="mt-bench", help=f"multi-turn, token-level: {TOKEN_WORKLOADS}"
     )
@@ -47,7 +57,7 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compat", choices=("sglang",), default=None, help="SGLang 0.5.15.post1's tree and rules"
     )
-    p.add_argument("--seed", type=count(0), default=0)
+    p.add_argument("--seed", type=count(0, SEED_LIMIT), default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (never falls back)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model and pools")
     p.add_argument(
@@ -70,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     engine_kw = validate(args)
-    sessions = prepare(args, engine_kw["device"])
+    net, sessions = prepare(args, engine_kw["device"], engine_kw["dtype"])
     total = sum(len(s) for s in sessions)
     bar = counter(2 * total, "serving (cache on, then off)", "req", show=not args.no_progress)
     try:
@@ -80,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             seed=args.seed,
             on_round=bar.update,
+            net=net,
             **engine_kw,
         )
     finally:
@@ -111,6 +122,9 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
             f"token ids): the engine needs token ids; use {TOKEN_WORKLOADS}"
         )
     check_paging(args)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cpus and args.threads > cpus:  # torch would start them all, or overflow
+        raise UsageError(f"--threads {args.threads} is more than the {cpus} CPUs this process has")
     device = check_device(args)
     return {
         "device": device,
@@ -181,23 +195,40 @@ def _block_level(workload: str) -> bool:
         return False  # the loader says what is wrong with it
 
 
-def prepare(args: argparse.Namespace, device: Any) -> list[list[list[int]]]:
-    """Torch threads, the model's memory and vocabulary, the sessions, their sizes."""
+def prepare(args: argparse.Namespace, device: Any, dtype: Any) -> tuple[Any, list[list[list[int]]]]:
+    """Torch threads; the sessions (with the vocabulary from the model's config)
+    and their sizes, checked before the model is built (a checkpoint can take
+    long to load); the model (built once, on its device, for both runs) and
+    its memory."""
     import torch
     from transformers.utils import logging as hf_logging
 
-    from mambaradix.engine.models import build_model
+    from mambaradix.engine.models import build_model, vocab_size
     from mambaradix.replay.progress import shown
 
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # notes on CUDA kernels
+    if args.no_progress:  # its bar loading a local checkpoint too
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     torch.set_num_threads(args.threads)
-    net = build_model(args.model, args.seed)
-    if device.type == "cpu":  # pools on a GPU take no host memory
-        check_host_memory(net, args)
+    with model_errors(args):
+        vocab = vocab_size(args.model)
     with shown(not args.no_progress):
-        sessions = load_sessions(args.workload, int(net.config.vocab_size), args.sessions)
+        sessions = load_sessions(args.workload, vocab, args.sessions)
     check_kv(sessions, args)
-    return sessions
+    with model_errors(args):
+        net = build_model(args.model, args.seed, dtype).to(device)
+        check_memory(net, args)  # probes the model's layers
+    return net, sessions
+
+
+@contextmanager
+def model_errors(args: argparse.Namespace) -> Iterator[None]:
+    """A local checkpoint directory may hold no model, or one that is not
+    hybrid: a UsageError naming --model."""
+    try:
+        yield
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--model {args.model}: {e}") from None
 
 
 def load_sessions(workload: str, vocab: int, limit: int) -> list[list[list[int]]]:
@@ -211,39 +242,33 @@ def load_sessions(workload: str, vocab: int, limit: int) -> list[list[list[int]]
 
 def check_kv(sessions: list[list[list[int]]], args: argparse.Namespace) -> None:
     """UsageError naming the largest request when the KV pool cannot admit it
-    alone (the scheduler's rule: prompt + new tokens + one page must stay
-    strictly below the pool)."""
+    alone (`scheduler.fits_alone`: prompt + new tokens + one page strictly
+    below the pool, and room for the finished sequence)."""
+    from mambaradix.engine.checks import kv_need
     from mambaradix.engine.workload import request_sizes
-    from mambaradix.scheduler import admission_need, fits_alone
+    from mambaradix.scheduler import fits_alone
 
     new, page, kv = args.max_new_tokens, args.page_size, args.kv_tokens
     s, t, prompt = max(request_sizes(sessions, new), key=lambda x: x[2])
     if not fits_alone(prompt, new, page, kv):
-        need = -(-(admission_need(prompt, new, page) + 1) // page) * page
+        need, why = kv_need(
+            prompt, new, page, "prompt tokens, the engine's earlier answers included,"
+        )
         raise UsageError(
             f"--kv-tokens {kv:,} is too small: session {s} turn {t} needs a pool of {need:,} "
-            f"tokens ({prompt:,} prompt tokens, the engine's earlier answers included, + "
-            f"{new} new + a page of {page}, strictly below the pool); use --kv-tokens >= {need:,}"
+            f"tokens ({why}); use --kv-tokens >= {need:,}"
         )
 
 
-def check_host_memory(net: Any, args: argparse.Namespace) -> None:
-    """UsageError when the pools (K/V tensors, state tensors, free lists, the
-    request-to-token rows) would not fit in half of this machine's free memory."""
-    from mambaradix.cli.replay import HOST_BYTES_PER_ID, available_bytes
-    from mambaradix.engine.adapter import PoolAdapter
+def check_memory(net: Any, args: argparse.Namespace) -> None:
+    """UsageError when the pools would not fit (`engine.checks.memory_shortfall`)."""
+    from mambaradix.engine.checks import memory_shortfall
 
-    probe = PoolAdapter(net, kv_tokens=1, state_slots=1)  # one token, one slot
-    per_token = 2 * probe.k.element_size() * probe.k.numel() + HOST_BYTES_PER_ID
-    per_token += 8 * args.max_running  # a row of the request-to-token table per sequence
-    per_slot = probe.geometry.bytes_per_slot + HOST_BYTES_PER_ID
-    need = args.kv_tokens * per_token + args.state_slots * per_slot
-    have = available_bytes()
-    if have is not None and need > have // 2:
+    kv, slots, rows = args.kv_tokens, args.state_slots, args.max_running
+    short = memory_shortfall(net, kv, slots, rows, kv + args.page_size)
+    if short is not None:
         raise UsageError(
-            f"--kv-tokens {args.kv_tokens:,} and --state-slots {args.state_slots:,} need about "
-            f"{need / 1e9:.1f} GB of memory ({per_token:,} B per KV token, {per_slot:,} B per "
-            f"slot) and only {have / 1e9:.1f} GB is available"
+            f"--kv-tokens {kv:,}, --state-slots {slots:,} and --max-running {rows:,} {short}"
         )
 
 

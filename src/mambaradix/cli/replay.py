@@ -30,6 +30,7 @@ from mambaradix.cli.checks import (
     write_all,
 )
 from mambaradix.replay.cluster_cli import ScaleOut, add_replay_arguments
+from mambaradix.validate import HOST_BYTES_PER_ID, available_bytes
 
 if TYPE_CHECKING:
     from mambaradix.replay.fit import Pools
@@ -307,9 +308,6 @@ def check_sizes(
             check_host_memory(trace, profile, cfg, fit.pools, workers)
 
 
-HOST_BYTES_PER_ID = 17  # a free-list entry (8 B), its flag (1 B), scratch on first use (8 B)
-
-
 def check_host_memory(
     trace: Trace, profile: ModelProfile, cfg: ServingConfig, pools: Pools, workers: int
 ) -> None:
@@ -328,17 +326,6 @@ def check_host_memory(
         f"the largest request of this trace is served alone in about "
         f"{fit(trace, profile, replace(cfg, memory_gb=1.0), 2).gb_for_largest:g} GB"
     )
-
-
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux), else None (no check)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def table_text(data: dict[str, Any]) -> str:

@@ -234,7 +234,10 @@ def _layer_kinds(probe: Any) -> tuple[list[int], list[int]]:
             state_shapes.add((c.shape[1:], c.dtype, s.shape[1:], s.dtype))
             rec.append(i)
     if not attn or not rec:
-        raise ValueError("the model needs at least one attention and one recurrent layer")
+        raise ValueError(
+            "model must be a hybrid model, with attention and recurrent layers; this one has "
+            f"{len(attn)} attention and {len(rec)} recurrent layers"
+        )
     if len(kv_shapes) != 1:
         raise ValueError("attention layers with different K/V shapes")
     if len(state_shapes) != 1:

@@ -8,17 +8,35 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from mambaradix.engine.device import check_dtype
 from mambaradix.lifecycle.manager import STRATEGIES
-from mambaradix.scheduler import admission_need, fits_alone, slots_alone
-from mambaradix.validate import as_bool, as_count, as_int, as_positive, as_token_ids, as_type
+from mambaradix.scheduler import admission_need, fits_alone, kv_needed_alone, slots_alone
+from mambaradix.validate import (
+    HOST_BYTES_PER_ID,
+    as_bool,
+    as_count,
+    as_int,
+    as_positive,
+    as_token_ids,
+    as_type,
+    available_bytes,
+)
 
 if TYPE_CHECKING:
     from mambaradix.engine.engine import Engine
 
-__all__ = ["check_engine_args", "check_generate_args", "min_state_slots"]
+__all__ = [
+    "check_engine_args",
+    "check_generate_args",
+    "kv_need",
+    "memory_shortfall",
+    "min_state_slots",
+]
 
 TRACK_SLOTS = 2  # extra_buffer's ping-pong (CacheManager's default)
+POLICY_METHODS = ("stops", "cache_at", "insert_at_finish", "on_admitted", "on_cached")
 
 
 def min_state_slots(prefix_cache: bool, strategy: str = "no_buffer") -> int:
@@ -32,7 +50,8 @@ def check_engine_args(**kw: Any) -> None:
     """The constructor's arguments (by their names), in signature order."""
     if not isinstance(kw["model"], (str, os.PathLike)):
         raise TypeError(f"model must be a preset name or a path, got {type(kw['model']).__name__}")
-    as_count(kw["seed"], "seed")
+    if as_count(kw["seed"], "seed") >= 2**64:
+        raise ValueError(f"seed must be < 2**64 (torch.manual_seed's range), got {kw['seed']}")
     cache_on = as_bool(kw["prefix_cache"], "prefix_cache")
     page = as_positive(kw["page_size"], "page_size")
     strategy = _strategy(kw["strategy"], page)
@@ -57,8 +76,25 @@ def check_engine_args(**kw: Any) -> None:
         as_type(kw["model_overrides"], dict, "model_overrides")
     for name in ("batch_decode", "deterministic", "keep_logits"):
         as_bool(kw[name], name)
+    _check_plugins(kw)
     if kw["deterministic"] and strategy != "no_buffer":
         raise ValueError("deterministic=True needs strategy='no_buffer'")
+
+
+def _check_plugins(kw: dict[str, Any]) -> None:
+    """What is handed in as an object: TypeError now, not in the middle of a run."""
+    rules, evictor, policy, net = (kw[k] for k in ("sglang_rules", "evictor", "checkpoints", "net"))
+    if rules is not None and not isinstance(rules, bool):
+        raise TypeError(f"sglang_rules must be None or a bool, got {type(rules).__name__}")
+    if not callable(evictor):
+        raise TypeError(f"evictor must be a callable, got {type(evictor).__name__}")
+    if policy is not None and not all(callable(getattr(policy, m, None)) for m in POLICY_METHODS):
+        raise TypeError(
+            f"checkpoints must be None or a CheckpointPolicy (with {', '.join(POLICY_METHODS)}), "
+            f"got {type(policy).__name__}"
+        )
+    if net is not None and not isinstance(net, torch.nn.Module):
+        raise TypeError(f"net must be None or a torch.nn.Module, got {type(net).__name__}")
 
 
 def _strategy(strategy: object, page: int) -> str:
@@ -72,6 +108,15 @@ def _strategy(strategy: object, page: int) -> str:
     return str(strategy)
 
 
+def kv_need(prompt: int, max_new: int, page: int, what: str = "prompt") -> tuple[int, str]:
+    """The least KV pool a request fits alone in (`scheduler.kv_needed_alone`)
+    and the rule that sets it, in words (`what` names the prompt's tokens)."""
+    need = kv_needed_alone(prompt, max_new, page)
+    if need > admission_need(prompt, max_new, page) + page:  # admission clips max_new
+        return need, f"{prompt:,} {what} + {max_new:,} new - 1, held at the end, in pages of {page}"
+    return need, f"{prompt:,} {what} + {max_new:,} new + a page of {page}, strictly below the pool"
+
+
 def check_generate_args(eng: Engine, prompts: object, max_new_tokens: object) -> list[list[int]]:
     """The prompts as lists of ints, each checked against the vocabulary and
     against the pools: a prompt must be admissible alone, with its new tokens
@@ -83,18 +128,48 @@ def check_generate_args(eng: Engine, prompts: object, max_new_tokens: object) ->
     if max_new == 0:
         return out
     kv, page = eng.mgr.kv.capacity, eng.mgr.page_size
-    context = getattr(eng.mgr.rows, "max_context", None)
+    context = eng.max_context  # positions a sequence may store (its last token is not)
     for i, p in enumerate(out):
-        need = admission_need(len(p), max_new, page) + 1
         if not fits_alone(len(p), max_new, page, kv):
+            need, why = kv_need(len(p), max_new, page)
             raise ValueError(
-                f"prompts[{i}] needs a KV pool of {need:,} tokens ({len(p):,} prompt + "
-                f"{max_new} new + a page of {page}, strictly below the pool) but kv_tokens "
-                f"is {kv:,}"
+                f"prompts[{i}] needs a KV pool of {need:,} tokens ({why}) but kv_tokens is {kv:,}"
             )
         if context is not None and len(p) + max_new - 1 > context:
             raise ValueError(
                 f"prompts[{i}] needs {len(p) + max_new - 1:,} positions ({len(p):,} prompt + "
-                f"{max_new} new - 1) but the request table holds {context:,} (max_context)"
+                f"{max_new} new - 1) but max_context is {context:,}"
             )
     return out
+
+
+def memory_shortfall(
+    net: Any, kv_tokens: int, state_slots: int, rows: int, positions: int
+) -> str | None:
+    """None if the engine's pools fit where they go, else 'need about X GB of
+    ... and only Y GB is ...'. The K/V and state tensors go to the model's
+    device; the free lists (every KV index, slot and row) and the request
+    table (`rows` x `positions` int64) to this machine, which must keep half
+    its available memory free. Only a probe of one token and one slot is made."""
+    from mambaradix.engine.adapter import PoolAdapter
+
+    probe = PoolAdapter(net, kv_tokens=1, state_slots=1)  # one token, one slot
+    device = probe.device
+    per_token = 2 * probe.k.element_size() * probe.k.numel()
+    per_slot = probe.geometry.bytes_per_slot
+    per_row = 8 * positions + HOST_BYTES_PER_ID
+    tensors = kv_tokens * per_token + state_slots * per_slot
+    host = HOST_BYTES_PER_ID * (kv_tokens + state_slots) + rows * per_row
+    if device.type == "cpu":
+        per_token, per_slot = per_token + HOST_BYTES_PER_ID, per_slot + HOST_BYTES_PER_ID
+        host, tensors = host + tensors, 0
+    units = f"{per_token:,} B per KV token, {per_slot:,} B per slot, {per_row:,} B per row"
+    have = available_bytes()
+    if have is not None and host > have // 2:
+        gb = f"{host / 1e9:.1f} GB of this machine's memory ({units}; half stays free)"
+        return f"need about {gb} and only {have / 1e9:.1f} GB is available"
+    free = torch.cuda.mem_get_info(device)[0] if tensors else tensors
+    if tensors > free:
+        gb = f"{tensors / 1e9:.1f} GB of {device}'s memory ({units})"
+        return f"need about {gb} and only {free / 1e9:.1f} GB is free"
+    return None

@@ -39,9 +39,16 @@ def resolve_device(device: object) -> torch.device:
     return torch.device("cuda", index)
 
 
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
 def check_dtype(dtype: object) -> torch.dtype:
+    """One of `DTYPES` (the float8 types are floating too, but no model runs in them)."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if dtype not in DTYPES:
+        names = ", ".join(map(str, DTYPES))
+        raise TypeError(f"dtype must be {names}, got {dtype!r}")
     return dtype
 
 

@@ -26,7 +26,7 @@ import torch
 
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.engine.adapter import PoolAdapter
-from mambaradix.engine.checks import check_engine_args, check_generate_args
+from mambaradix.engine.checks import check_engine_args, check_generate_args, memory_shortfall
 from mambaradix.engine.deterministic import GridCheckpoints
 from mambaradix.engine.device import check_dtype, check_net, resolve_device
 from mambaradix.engine.forward import TorchForward
@@ -146,6 +146,10 @@ class Engine:
             batch_decode=batch_decode,
             deterministic=deterministic,
             keep_logits=keep_logits,
+            checkpoints=checkpoints,
+            evictor=evictor,
+            sglang_rules=sglang_rules,
+            net=net,
         )
         self.device = resolve_device(device)
         dtype = check_dtype(dtype)
@@ -153,8 +157,10 @@ class Engine:
             check_net(net, self.device, dtype)
         else:
             net = build_model(model, seed, dtype, model_overrides).to(self.device)
+        _check_memory(net, kv_tokens, state_slots, max_running, max_context, page_size)
         self.model_name, self.net = model, net
         self.prefix_cache, self.deterministic = prefix_cache, deterministic
+        self.max_context = max_context
         self.adapter = PoolAdapter(self.net, kv_tokens, state_slots)
         self.mgr = _cache_manager(
             self.adapter, kv_tokens, state_slots, max_running, max_context, page_size,
@@ -272,6 +278,17 @@ class Engine:
             self.mgr.slots.free(r.freed_states)
 
 
+def _check_memory(
+    net: Any, kv: int, slots: int, rows: int, max_context: int | None, page: int
+) -> None:
+    """ValueError naming the sizes when the pools would not fit (before any is made)."""
+    short = memory_shortfall(net, kv, slots, rows, (max_context or kv) + page)
+    if short is not None:
+        names = [f"kv_tokens={kv:,}", f"state_slots={slots:,}", f"max_running={rows:,}"]
+        names += [] if max_context is None else [f"max_context={max_context:,}"]
+        raise ValueError(f"{', '.join(names[:-1])} and {names[-1]} {short}")
+
+
 def _cache_manager(
     adapter: PoolAdapter,
     kv_tokens: int,
@@ -284,7 +301,9 @@ def _cache_manager(
     evictor: Evictor,
     sglang_rules: bool | None,
 ) -> CacheManager:
-    mamba_chunk = max(64, page_size)  # SGLang: max(FLA chunk 64, page_size)
+    # SGLang: max(FLA chunk 64, page_size), which must divide each other; a page
+    # that does not divide 64 rounds it up to whole pages, as the replay does
+    mamba_chunk = -(-max(64, page_size) // page_size) * page_size
     kv = TokenKVAllocator(kv_tokens) if page_size == 1 else PagedKVAllocator(kv_tokens, page_size)
     return CacheManager(
         MambaRadixCache(page_size=page_size, chunk_size=mamba_chunk, compat=compat),

@@ -19,7 +19,7 @@ from mambaradix.geometry.derive import engine_state_dtypes, state_shapes
 from mambaradix.geometry.presets import PRESETS as GEOMETRY_PRESETS
 from mambaradix.pools.geometry import StateGeometry
 
-__all__ = ["PRESETS", "build_model", "state_geometry"]
+__all__ = ["PRESETS", "build_model", "state_geometry", "vocab_size"]
 
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     name: (preset.family, preset.config_kwargs()) for name, preset in GEOMETRY_PRESETS.items()
@@ -49,6 +49,27 @@ def state_geometry(model: str, dtype: torch.dtype = torch.float32) -> StateGeome
     )
 
 
+def _build_preset(
+    transformers: Any, model: str, seed: int, overrides: dict[str, Any] | None
+) -> Any:
+    """Preset `model` with `overrides` (ValueError for a key its config lacks,
+    which the config would keep without effect, or values it cannot be built with)."""
+    family, kwargs = PRESETS[model]
+    config_cls = getattr(transformers, f"{family}Config")
+    unknown = [k for k in overrides or {} if not hasattr(config_cls(), k)]
+    if unknown:
+        raise ValueError(f"model_overrides: {unknown[0]!r} is not a field of {config_cls.__name__}")
+    try:
+        cfg = config_cls(**{**kwargs, **(overrides or {})})
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return getattr(transformers, f"{family}ForCausalLM")(cfg)
+    except (ValueError, TypeError, RuntimeError) as e:
+        if not overrides:
+            raise
+        raise ValueError(f"model_overrides {overrides}: {e}") from None
+
+
 def build_model(
     model: str,
     seed: int = 0,
@@ -62,18 +83,31 @@ def build_model(
     import transformers
 
     if model in PRESETS:
-        family, kwargs = PRESETS[model]
-        cfg = getattr(transformers, f"{family}Config")(**{**kwargs, **(overrides or {})})
-        cls = getattr(transformers, f"{family}ForCausalLM")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            net = cls(cfg)
-        net = net.to(dtype)
+        net = _build_preset(transformers, model, seed, overrides).to(dtype)
+    elif overrides:
+        raise ValueError(f"model_overrides apply to presets only, not to {model!r}")
     elif os.path.isdir(model):
-        net = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+        try:
+            net = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+        except (ValueError, OSError) as e:  # no config, an unknown model type, no weights
+            raise ValueError(f"model {model!r} cannot be loaded: {e}") from None
     else:
         raise ValueError(
             f"unknown model {model!r}: use a preset ({', '.join(PRESETS)}) or a local directory"
         )
     net.eval()
     return net
+
+
+def vocab_size(model: str) -> int:
+    """The vocabulary of preset or checkpoint `model`, read from its config
+    alone (nothing is built); ValueError if the config cannot be read."""
+    import transformers
+
+    if model in PRESETS:
+        family, kwargs = PRESETS[model]
+        return int(getattr(transformers, f"{family}Config")(**kwargs).vocab_size)
+    try:
+        return int(transformers.AutoConfig.from_pretrained(model).vocab_size)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"model {model!r} cannot be loaded: {e}") from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 import threading
@@ -26,6 +27,10 @@ def _endpoints(text: str) -> dict[int, str]:
             raise argparse.ArgumentTypeError(f"expected WORKER_ID=ENDPOINT, got {item!r}")
         if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
             raise argparse.ArgumentTypeError(f"{endpoint!r} is not a tcp://, ipc:// or inproc://")
+        port = endpoint.rpartition(":")[2]
+        if endpoint.startswith("tcp://") and port.isdigit() and not 0 < int(port) <= 65535:
+            # ZMQ would connect to it without a word
+            raise argparse.ArgumentTypeError(f"{endpoint!r} has no port 1-65535")
         if int(wid) in out:
             raise argparse.ArgumentTypeError(f"worker {int(wid)} is given twice")
         out[int(wid)] = endpoint
@@ -58,8 +63,10 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    if not (value > 0 and math.isfinite(value)):  # every wait stays bounded
+        raise argparse.ArgumentTypeError(
+            f"expected a positive finite number of seconds, got {text!r}"
+        )
     return value
 
 
@@ -85,33 +92,55 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _error(message: str) -> int:
+    print(f"mambaradix index: error: {message}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
     unknown = sorted((set(args.replay) | args.attention_workers) - set(args.workers))
     if unknown:
-        print(f"mambaradix index: worker {unknown[0]} is not in --workers", file=sys.stderr)
-        return 2
+        return _error(f"worker {unknown[0]} is not in --workers")
     try:
+        import zmq
+
         from mambaradix.index.indexer import Indexer
         from mambaradix.index.server import IndexServer
         from mambaradix.index.subscriber import ZmqSubscriber
     except ImportError as e:
-        print(f"mambaradix index needs the events extra ({e.name} is missing)", file=sys.stderr)
-        return 2
+        return _error(f"needs the events extra ({e.name} is missing)")
     logging.basicConfig(level=logging.WARNING, format="mambaradix index: %(message)s")
     indexer = Indexer(args.block_size)
     for wid in args.workers:
         indexer.add_worker(wid, hybrid=wid not in args.attention_workers)
+    for flag, endpoints in (("--workers", args.workers), ("--replay", args.replay)):
+        for wid, endpoint in endpoints.items():
+            bad = _bad_endpoint(zmq, endpoint)
+            if bad:
+                return _error(f"{flag} {wid}={endpoint}: {bad}")
     lock = threading.Lock()
     subscriber = ZmqSubscriber(indexer, lock, timeout_s=args.timeout)
     try:
         for wid, endpoint in args.workers.items():
             subscriber.add(wid, endpoint, args.replay.get(wid))
         server = IndexServer((args.host, args.port), indexer, lock, subscriber, args.model_name)
-    except Exception as e:  # zmq.ZMQError, OSError: a bad address or a port in use
+    except (zmq.ZMQError, OSError) as e:  # an unknown host, a port in use or not allowed
         subscriber.close()
-        print(f"mambaradix index: {e}", file=sys.stderr)
-        return 1
+        return _error(f"--host {args.host} --port {args.port}: {e.strerror}")
     return _serve(server, subscriber, args.duration)
+
+
+def _bad_endpoint(zmq: Any, endpoint: str) -> str | None:
+    """Why ZMQ cannot connect to `endpoint` (a malformed address), or None.
+    Connecting only checks the address: the connection itself is made later."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as e:
+        return str(e.strerror)
+    finally:
+        sock.close(linger=0)
+    return None
 
 
 def _serve(server: Any, subscriber: Any, duration: float | None) -> int:

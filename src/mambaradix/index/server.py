@@ -7,7 +7,8 @@
 * `GET /workers`: per worker, its stream position and counts.
 * `GET /dump`: per worker, the events that rebuild what it holds.
 
-Bad requests get status 400 (404 for an unknown path or model) and `{"error": "..."}`.
+Bad requests get status 400 (404 for an unknown path or model, 408 for a body that does
+not arrive within `read_timeout_s`, 501 for another method) and `{"error": "..."}`.
 """
 
 from __future__ import annotations
@@ -34,10 +35,13 @@ class IndexServer(ThreadingHTTPServer):
         lock: threading.Lock,
         subscriber: ZmqSubscriber | None = None,
         model_name: str = "default",
+        read_timeout_s: float = 10.0,
     ) -> None:
         self.indexer, self.lock, self.subscriber = indexer, lock, subscriber
-        self.model_name = model_name
-        super().__init__(address, _Handler)
+        self.model_name, self.read_timeout_s = model_name, read_timeout_s
+        # every read on a connection times out: a stalled client does not hold a thread
+        handler = type("_Handler", (_Handler,), {"timeout": read_timeout_s})
+        super().__init__(address, handler)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -45,6 +49,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: no access log
         return
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """What http.server finds itself (a bad request line, an unsupported
+        method) answered as JSON too."""
+        self.close_connection = True
+        self._send(code, {"error": message or self.responses.get(code, ("error",))[0]})
 
     def do_GET(self) -> None:
         if self.path == "/workers":
@@ -60,6 +70,10 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._body()
         except ValueError as e:
             return self._send(400, {"error": str(e)})
+        except TimeoutError:
+            self.close_connection = True
+            wait = self.server.read_timeout_s
+            return self._send(408, {"error": f"the body did not arrive within {wait:g} s"})
         model = body.get("model_name", self.server.model_name)
         if model != self.server.model_name:
             return self._send(404, {"error": f"unknown model_name {model!r}"})
@@ -123,7 +137,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
 
 def event_json(e: Event) -> dict[str, Any]:

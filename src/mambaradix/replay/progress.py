@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+DELAY_S = 1.0  # a bar for a phase that may be short appears after this long
 _SHOWN: ContextVar[bool] = ContextVar("mambaradix_progress", default=False)
 
 __all__ = ["Counter", "counter", "shown", "track"]
@@ -66,9 +67,12 @@ class Counter:
             self._bar.close()
 
 
-def counter(total: int, desc: str, unit: str, show: bool | None = None) -> Counter:
-    """A bar of `total` steps, kept on screen when done; `show=None` follows `shown()`."""
+def counter(
+    total: int, desc: str, unit: str, show: bool | None = None, delay: float = 0.0
+) -> Counter:
+    """A bar of `total` steps, kept on screen when done (if it appeared: after
+    `delay` seconds); `show=None` follows `shown()`."""
     tqdm = _tqdm()
     if not (_SHOWN.get() if show is None else show) or tqdm is None:
         return Counter()
-    return Counter(tqdm(total=total, desc=desc, unit=unit, file=sys.stderr))
+    return Counter(tqdm(total=total, desc=desc, unit=unit, delay=delay, file=sys.stderr))

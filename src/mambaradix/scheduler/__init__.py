@@ -4,7 +4,7 @@ forward (a real model, virtual time or a stand-in)."""
 
 from __future__ import annotations
 
-from mambaradix.scheduler.budget import admission_need, fits_alone, slots_alone
+from mambaradix.scheduler.budget import admission_need, fits_alone, kv_needed_alone, slots_alone
 from mambaradix.scheduler.checkpoints import (
     CHUNK,
     DECODED,
@@ -50,5 +50,6 @@ __all__ = [
     "Sequence",
     "admission_need",
     "fits_alone",
+    "kv_needed_alone",
     "slots_alone",
 ]

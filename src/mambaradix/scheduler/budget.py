@@ -58,6 +58,14 @@ def fits_alone(prompt: int, max_new: int, page: int, kv_capacity: int) -> bool:
     return admission_need(prompt, max_new, page) < kv_capacity and held <= kv_capacity
 
 
+def kv_needed_alone(prompt: int, max_new: int, page: int) -> int:
+    """The least KV pool (whole pages) in which `fits_alone` holds: above the
+    admission need, and holding the finished sequence's last token."""
+    admit = -(-(admission_need(prompt, max_new, page) + 1) // page) * page
+    held = -(-(prompt + max(max_new, 1) - 1) // page) * page
+    return max(admit, held)
+
+
 def slots_alone(track_slots: int, reuses: bool = True) -> int:
     """State slots a request holds while it runs alone: its running state,
     extra_buffer's `track_slots` and, when it reuses a cached state, that
