@@ -168,7 +168,9 @@ def memory_shortfall(
     if have is not None and host > have // 2:
         gb = f"{host / 1e9:.1f} GB of this machine's memory ({units}; half stays free)"
         return f"need about {gb} and only {have / 1e9:.1f} GB is available"
-    free = torch.cuda.mem_get_info(device)[0] if tensors else tensors
+    if device.type != "cuda":  # torch reports free memory only for CUDA devices
+        return None
+    free = torch.cuda.mem_get_info(device)[0]
     if tensors > free:
         gb = f"{tensors / 1e9:.1f} GB of {device}'s memory ({units})"
         return f"need about {gb} and only {free / 1e9:.1f} GB is free"
