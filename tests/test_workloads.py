@@ -244,7 +244,9 @@ NEU = {"session_id": 0, "turn_id": 0, "ts": 0.0, "input_tokens": [1], "output_to
         ({k: v for k, v in MC.items() if k != "output_length"}, "line 3: missing field"),
         ({**MC, "input_length": 600}, r"line 3: 1 hash_ids do not cover input_length=600"),
         ({**MC, "output_length": -1}, "line 3: 'output_length' must be an integer >= 0"),
-        ({**MC, "timestamp": "soon"}, "line 3: 'timestamp' must be a number"),
+        ({**MC, "timestamp": "soon"}, "line 3: 'timestamp' must be a finite number"),
+        # json.dumps writes float("inf") as the non-standard Infinity, which json.loads reads
+        ({**MC, "timestamp": float("inf")}, "line 3: 'timestamp' must be a finite number"),
     ],
 )
 def test_malformed_mooncake_names_the_line(tmp_path: Path, bad_line: object, message: str) -> None:
@@ -263,6 +265,8 @@ def test_malformed_mooncake_names_the_line(tmp_path: Path, bad_line: object, mes
         ({**NEU, "session_id": None}, "line 2: 'session_id' must be an integer or a string"),
         ({**NEU, "turn_id": -1}, "line 2: 'turn_id' must be an integer >= 0"),
         ({**NEU, "input_tokens": [2**70]}, "line 2: 'input_tokens' holds an integer outside"),
+        ({**NEU, "ts": float("inf")}, "line 2: 'ts' must be a finite number >= 0, got inf"),
+        ({**NEU, "ts": float("nan")}, "line 2: 'ts' must be a finite number >= 0, got nan"),
     ],
 )
 def test_malformed_neutral_names_the_line(tmp_path: Path, bad_line: object, message: str) -> None:

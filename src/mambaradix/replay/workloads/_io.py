@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 from array import array
 from collections.abc import Iterator
@@ -81,8 +82,9 @@ class Fields:
 
     def number(self, key: str) -> float:
         v = self.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
-            raise self.error(f"{key!r} must be a number >= 0, got {v!r}")
+        # json.loads reads NaN and Infinity; a time must be a finite number
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf:
+            raise self.error(f"{key!r} must be a finite number >= 0, got {v!r}")
         return float(v)
 
     def session(self, key: str) -> int | str:
