@@ -179,6 +179,34 @@ def test_mooncake_gz_and_load_trace(tmp_path: Path) -> None:
     assert t.name == "t" and t.unit_tokens == 512 and t.requests[0].input_units.tolist() == [9]
 
 
+def damaged_gzip_files(tmp_path: Path) -> dict[str, Path]:
+    """A valid gzip trace cut in half, one with its deflate data flipped, one
+    that is not gzip at all, and one whose text is not UTF-8."""
+    good = tmp_path / "good.jsonl.gz"
+    with gzip.open(good, "wt") as f:
+        f.write("".join(jl(*[NEU] * 200)))
+    raw = good.read_bytes()
+    files = {
+        "truncated": raw[: len(raw) // 2],
+        "corrupt": raw[:20] + bytes(b ^ 0x55 for b in raw[20:]),
+        "not gzip": b"".join(x.encode() for x in jl(NEU)),
+        "not utf-8": gzip.compress(b'{"session_id": "\xe9"}\n'),
+    }
+    out = {}
+    for what, data in files.items():
+        out[what] = tmp_path / f"{what.replace(' ', '-')}.jsonl.gz"
+        out[what].write_bytes(data)
+    return out
+
+
+def test_damaged_gzip_is_a_trace_format_error(tmp_path: Path) -> None:
+    # a damaged file is bad input (TraceFormatError naming the file), not a crash
+    for what, path in damaged_gzip_files(tmp_path).items():
+        with pytest.raises(TraceFormatError, match=str(path)) as e:
+            load_trace(path)
+        assert e.value.path == str(path), what
+
+
 # ---------------------------------------------------------------- neutral format
 
 
