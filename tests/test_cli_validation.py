@@ -185,6 +185,24 @@ def test_replay_too_few_states_for_extra_buffer(
     assert "needs 4 states for a request that reuses one" in line
 
 
+def test_replay_memory_advice_serves_every_policy_of_the_run(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # marconi-7b at 0.03 GB, default split: int(0.03e9 x 9/19) // 26,804,224 B = 0
+    # states, too few for sglang (first in the list, 2 states). The advice must be
+    # the memory that serves the whole run: sglang-extra-buffer needs 4 states,
+    # 4 x 26,804,224 / (9/19) B, so at least 0.23 GB; that much runs.
+    from mambaradix.replay.models import get_profile
+
+    need = 4 * get_profile("marconi-7b").state_bytes / (0.9 / 1.9) / 1e9
+    args = ["--model", "marconi-7b", "--policy", "sglang,sglang-extra-buffer", "--no-progress"]
+    line = refused(cwd, capsys, "replay", "--trace", "tiny.jsonl", "--memory", "0.03", *args)
+    assert "policy sglang (no_buffer) needs 2 states" in line
+    gb = float(line.split("use at least ")[1].split(" GB")[0])
+    assert need <= gb < need + 0.02
+    assert main(["replay", "--trace", "tiny.jsonl", "--memory", f"{gb:g}", *args]) == 0
+
+
 def test_replay_page_size_leaves_out_no_buffer_policies(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -195,20 +195,28 @@ def check_memory(
     from mambaradix.replay.policies import is_known
 
     fits: dict[tuple[int, int], Fit] = {}
+    keys = {}
     for policy, strategy in strategies.items():
         track = TRACK_SLOTS[strategy]
         sb = policy_state_bytes(policy, profile) if is_known(policy) else profile.state_bytes
-        f = fits[(track, sb)] = fits.get((track, sb)) or fit(trace, profile, cfg, track, sb)
-        _check_point(trace, cfg, f, f"policy {policy} ({strategy})", track, name)
+        keys[policy] = (track, sb)
+        fits[(track, sb)] = fits.get((track, sb)) or fit(trace, profile, cfg, track, sb)
+    # the advice is the memory that serves every request under every policy of the run
+    gb = max(f.gb_for_largest for f in fits.values())
+    for policy, strategy in strategies.items():
+        who = f"policy {policy} ({strategy})"
+        _check_point(trace, cfg, fits[keys[policy]], who, keys[policy][0], name, gb)
     return fits[max(fits)]
 
 
-def _check_point(trace: Trace, cfg: ServingConfig, f: Fit, who: str, track: int, name: str) -> None:
+def _check_point(
+    trace: Trace, cfg: ServingConfig, f: Fit, who: str, track: int, name: str, gb: float
+) -> None:
     p, least_states = f.pools, slots_alone(track)
     states = f" and {slots_alone(track, reuses=False)} states" if p.shared else ""
     at = f"{name} {cfg.memory_gb:g} GB" if cfg.kv_units is None else "kv_units/state_slots"
     holds = f"{at} holds {describe_pools(p, trace.unit_tokens)}"
-    serve = f"use at least {f.gb_for_largest:g} GB to serve every request"
+    serve = f"use at least {gb:g} GB to serve every request"
     if len(f.never_fit) == len(trace):
         raise ValueError(
             f"{holds}: no request fits{f' ({who})' if p.shared else ''}; the smallest, "
