@@ -115,12 +115,15 @@ class ScaleOut:
 
 
 def _routers(text: str | None) -> list[str]:
-    names = [x.strip() for x in (text or ",".join(ROUTERS)).split(",") if x.strip()]
+    names = [x.strip() for x in (",".join(ROUTERS) if text is None else text).split(",")]
+    names = [x for x in names if x]
     if not names:
         raise ValueError(f"--router must name at least one of {', '.join(ROUTERS)}")
     unknown = [x for x in names if x not in ROUTERS]
     if unknown:
         raise ValueError(f"unknown router {', '.join(unknown)}; choose from {', '.join(ROUTERS)}")
+    if repeated := sorted({x for x in names if names.count(x) > 1}):
+        raise ValueError(f"--router: {', '.join(repeated)} given twice")  # a row each, twice
     return names
 
 
