@@ -203,6 +203,17 @@ def test_replay_memory_advice_serves_every_policy_of_the_run(
     assert main(["replay", "--trace", "tiny.jsonl", "--memory", f"{gb:g}", *args]) == 0
 
 
+def test_replay_state_fraction_so_small_no_memory_serves(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 2 states of 26.8 MB at a state fraction of 1e-305 need 5.4e7 / 1e-305 B,
+    # beyond any float: refused as bad input like any other too-small point.
+    args = ["--model", "marconi-7b", "--memory", "10", "--state-fraction", "1e-305"]
+    line = refused(cwd, capsys, "replay", "--trace", "tiny.jsonl", "--policy", "sglang", *args)
+    assert "and 0 states: policy sglang (no_buffer) needs 2 states" in line
+    assert "no memory size serves every request (with --state-fraction 1e-305)" in line
+
+
 def test_replay_page_size_leaves_out_no_buffer_policies(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
