@@ -214,6 +214,31 @@ def test_replay_state_fraction_so_small_no_memory_serves(
     assert "no memory size serves every request (with --state-fraction 1e-305)" in line
 
 
+def test_replay_json_to_a_fifo_is_refused_and_left_alone(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A device, a FIFO or a socket is not a file the output can be renamed onto:
+    # doing so (as root) replaced /dev/null with a regular file.
+    fifo = cwd / "pipe.json"
+    os.mkfifo(fifo)
+    line = refused(cwd, capsys, "replay", "--trace", "tiny.jsonl", "--json", str(fifo))
+    assert line.endswith(f"--json {fifo} is not a regular file")
+    assert fifo.is_fifo()
+
+
+def test_replay_json_through_a_symlink_writes_its_target(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = cwd / "results" / "r.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    (cwd / "link.json").symlink_to(target)
+    argv = ["replay", "--trace", "tiny.jsonl", "--memory", "1", "--json", "link.json"]
+    assert main([*argv, "--policy", "sglang", "--no-progress"]) == 0
+    assert (cwd / "link.json").is_symlink()
+    assert json.loads(target.read_text())["trace"]["requests"] == 1
+
+
 def test_replay_page_size_leaves_out_no_buffer_policies(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
