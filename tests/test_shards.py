@@ -6,6 +6,7 @@ one line on stderr and exit code 2, before any work."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,30 @@ def test_merge_refuses_what_is_not_one_sweep() -> None:
     refused([parts[0], lost], r"1 cell\(s\) missing")
     refused([("plain.json", {"results": []})], r"plain.json is not a shard file")
     refused([], r"no shard files")
+
+
+def test_merge_refuses_a_damaged_shard_file() -> None:
+    # A shard file edited or cut by hand is refused with a ShardError naming it,
+    # whichever field it breaks (never a TypeError or KeyError from deep inside).
+    parts = shard_files(multi_turn(sessions=3, seed=4), 2)
+
+    def damaged(edit: Any) -> None:
+        first = json.loads(json.dumps(parts[0][1]))
+        edit(first)
+        with pytest.raises(ShardError, match=r"^s1\.json is not a shard file"):
+            merge([("s1.json", first), parts[1]])
+
+    damaged(lambda d: d.update(shard=5))
+    damaged(lambda d: d.update(shard={"index": 1.0, "count": 2.0}))
+    damaged(lambda d: d.update(shard={"index": True, "count": 2}))
+    damaged(lambda d: d.update(cells=7))
+    damaged(lambda d: d["cells"].append(["sglang", 1.0]))
+    damaged(lambda d: d.update(results=5))
+    damaged(lambda d: d["results"].append(3))
+    damaged(lambda d: d["results"][0].pop("policy"))
+    damaged(lambda d: d["results"][0].update(memory_gb="x"))
+    damaged(lambda d: d["results"][0].update(config=None))
+    damaged(lambda d: d.pop("trace"))
 
 
 # -------------------------------------------------------------------- CLI
@@ -255,3 +280,22 @@ def test_cli_merge_refuses_a_shard_from_another_trace(
     (tmp_path / "bad.json").write_text("{not json")
     assert cli("merge", str(tmp_path / "bad.json")) == 2
     assert "is not JSON" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("where", ["a_dir", "a_file/x.json", "a_fifo"])
+def test_cli_merge_checks_its_json_output_first(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    (tmp_path / "a_dir").mkdir()
+    (tmp_path / "a_file").write_text("x")
+    os.mkfifo(tmp_path / "a_fifo")
+    shards = [str(tmp_path / f"s{i}.json") for i in (1, 2)]
+    for i, name in enumerate(shards, 1):
+        assert cli("replay", "--trace", str(tiny), "--memory", "0.5", "--policy", "sglang",
+                   "--no-progress", "--shard", f"{i}/2", "--json", name) == 0  # fmt: skip
+    capsys.readouterr()
+    assert cli("merge", *shards, "--json", str(tmp_path / where)) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"mambaradix merge: error: --json {tmp_path / where}")
+    assert (tmp_path / "a_fifo").is_fifo() and (tmp_path / "a_file").read_text() == "x"

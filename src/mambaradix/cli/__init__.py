@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from mambaradix.cli import demo, engine, replay
-from mambaradix.cli.checks import Parser, UsageError
+from mambaradix.cli.checks import Parser, UsageError, check_output
 from mambaradix.index.cli import add_parser as add_index_parser
 from mambaradix.replay.cluster_cli import add_merge_parser
 
@@ -45,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
     except SystemExit as e:  # --help, or a bad argument (already reported on one line)
         return e.code if isinstance(e.code, int) else 2
+    if args.command == "merge" and args.json is not None:  # checked before any work
+        try:
+            check_output(Path(args.json), "--json")
+        except UsageError as e:
+            print(f"mambaradix merge: error: {e}", file=sys.stderr)
+            return 2
     if args.command in ("index", "merge"):
         return int(args.func(args))
     prog = f"mambaradix {args.command}"
