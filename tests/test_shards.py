@@ -41,7 +41,8 @@ def test_shard_parse_and_interleaved_selection() -> None:
     cells = list(range(8))
     assert [Shard(i, 3).select(cells) for i in (1, 2, 3)] == [[0, 3, 6], [1, 4, 7], [2, 5]]
     assert sorted(sum((Shard(i, 3).select(cells) for i in (1, 2, 3)), [])) == cells
-    for bad in ("3/2", "0/2", "1/0", "a/2", "1/2/3", "2", "-1/2"):
+    # ² and ³ are digits to isdigit() that int() refuses
+    for bad in ("3/2", "0/2", "1/0", "a/2", "1/2/3", "2", "-1/2", "²/3", "1/³"):
         with pytest.raises(ValueError, match="--shard must be i/N"):
             Shard.parse(bad)
 

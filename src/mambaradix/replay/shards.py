@@ -43,7 +43,7 @@ class Shard:
     @classmethod
     def parse(cls, text: str) -> Shard:
         parts = text.split("/")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        if len(parts) != 2 or not all(p.strip().isdecimal() for p in parts):
             raise ValueError(f"--shard must be i/N with 1 <= i <= N, got {text!r}")
         return cls(int(parts[0]), int(parts[1]))
 
