@@ -250,6 +250,22 @@ def test_cli_warns_and_records_the_dropped(
     assert hits == pytest.approx({"sglang": 69 / 2160, "mambaradix": 108 / 2160})
 
 
+def test_cli_cluster_shows_and_warns_the_dropped_once(
+    tmp_path: Path, dropped_trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As above, BIG never fits 0.2 GB, so no instance serves it, whatever the router.
+    args = cli(dropped_trace, tmp_path, "0.2", "sglang,mambaradix")[:-2]  # no --plot
+    assert main([*args, "--instances", "2", "--router", "hybrid,round-robin"]) == 0
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == [
+        "warning: 1 of 4 requests did not fit in 0.2 GB and were dropped (sglang, mambaradix); "
+        "they count as misses; serving every request needs about 0.25 GB"
+    ]
+    head, _, *rows = out.splitlines()[1:7]
+    end = head.index(" dropped") + len(" dropped")  # the column is right-aligned
+    assert len(rows) == 4 and all(row[:end].split()[-1] == "1" for row in rows)
+
+
 def test_cli_run_that_serves_nothing_fails(
     tmp_path: Path,
     dropped_trace: Path,

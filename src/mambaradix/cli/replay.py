@@ -358,7 +358,8 @@ def warn_dropped(
     for r in data["results"]:
         if r["dropped"]:
             key = (r["memory_gb"], r["state_fraction"], r["dropped"])
-            groups.setdefault(key, []).append(r["policy"])
+            named = groups.setdefault(key, [])
+            named += [] if r["policy"] in named else [r["policy"]]  # once, with many routers
     for (mem, frac, n), policies in groups.items():
         track = max(TRACK_SLOTS[policy_strategy(p)] for p in policies)
         need = fit(trace, profile, replace(base, memory_gb=mem, state_fraction=frac), track)
