@@ -274,7 +274,8 @@ def test_cli_merge_refuses_a_shard_from_another_trace(
     assert (
         cli("merge", str(tmp_path / "s1.json"), str(tmp_path / "s2.json"), "--json", str(out)) == 2
     )
-    assert "differ in trace hash" in one_error_line(capsys)
+    line = one_error_line(capsys)
+    assert line.startswith("mambaradix merge: error: ") and "differ in trace hash" in line
     assert not out.exists()
     assert cli("merge", str(tmp_path / "nope.json")) == 2
     assert "cannot read" in one_error_line(capsys)

@@ -176,7 +176,7 @@ def run_merge(args: argparse.Namespace) -> int:
         parts = [(name, _read_json(name)) for name in args.shards]
         data = merge(parts)
     except (ShardError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"mambaradix merge: error: {e}", file=sys.stderr)
         return 2
     has_router = any("router" in r for r in data["results"])
     print(table(data) if has_router else sweep_table(data))
