@@ -208,6 +208,24 @@ def test_cli_shards_and_merge_equal_a_serial_cluster_run(tiny: Path, tmp_path: P
         assert row["instances"] == 2
 
 
+def test_cli_cluster_table_tells_the_state_fractions_apart(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    args = ["--memory", "1", "--policy", "sglang", "--state-fraction", "0.3,0.6"]
+    args += ["--instances", "2", "--router", "hybrid", "--no-progress", "--json", str(out)]
+    assert cli("replay", "--trace", str(tiny), *args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    fractions = [r["state_fraction"] for r in json.loads(out.read_text())["results"]]
+    assert fractions == [0.3, 0.6]
+    # each row sits under a heading naming its state pool, as in the single-instance table
+    rows = [i for i, line in enumerate(lines) if line.split()[1:3] == ["hybrid", "sglang"]]
+    assert [lines[i - 1] for i in rows] == [
+        "  state pool 30% of memory:",
+        "  state pool 60% of memory:",
+    ]
+
+
 def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err

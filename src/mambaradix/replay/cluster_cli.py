@@ -142,7 +142,12 @@ def table(data: dict[str, Any]) -> str:
         head,
         "-" * len(head),
     ]
+    several = len({r.get("state_fraction") for r in data["results"]}) > 1
+    shown = None
     for r in data["results"]:
+        if several and r["state_fraction"] != shown:  # as the single-instance table does
+            shown = r["state_fraction"]
+            lines.append(f"  state pool {shown:.0%} of memory:")
         lines.append(
             f"{r['memory_gb']:>5g}GB {r['router']:<12} {r['policy']:<12} "
             f"{r['token_hit_rate']:>8.1%} {r['request_hit_rate']:>8.1%} {r['dropped']:>7,} "
