@@ -226,6 +226,13 @@ def test_cli_cluster_table_tells_the_state_fractions_apart(
     ]
 
 
+def test_cli_cluster_table_columns_line_up(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--memory", "1", "--policy", "sglang-extra-buffer,mambaradix", "--no-progress"]
+    assert cli("replay", "--trace", str(tiny), *args, "--instances", "2", "--router", "hybrid") == 0
+    head, rule, *rows = capsys.readouterr().out.splitlines()[1:5]
+    assert len(rows) == 2 and {len(line) for line in (rule, *rows)} == {len(head)}
+
+
 def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err

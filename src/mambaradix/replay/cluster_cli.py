@@ -130,9 +130,10 @@ def _routers(text: str | None) -> list[str]:
 def table(data: dict[str, Any]) -> str:
     """Cluster rows as a fixed-width table, one row per (memory, router, policy)."""
     first = data["results"][0] if data["results"] else {}
+    w = max([12] + [len(r["policy"]) for r in data["results"]])
     head = (
-        f"{'memory':>7} {'router':<12} {'policy':<12} {'tok hit':>8} {'req hit':>8} {'dropped':>7} "
-        f"{'TTFT p50':>9} {'TTFT p95':>9} {'TTFT mean':>9} {'credited':>13} "
+        f"{'memory':>7} {'router':<12} {'policy':<{w}} {'tok hit':>8} {'req hit':>8} "
+        f"{'dropped':>7} {'TTFT p50':>9} {'TTFT p95':>9} {'TTFT mean':>9} {'credited':>13} "
         f"{'over-credit':>12} {'imbalance':>9}"
     )
     lines = [
@@ -149,7 +150,7 @@ def table(data: dict[str, Any]) -> str:
             shown = r["state_fraction"]
             lines.append(f"  state pool {shown:.0%} of memory:")
         lines.append(
-            f"{r['memory_gb']:>5g}GB {r['router']:<12} {r['policy']:<12} "
+            f"{r['memory_gb']:>5g}GB {r['router']:<12} {r['policy']:<{w}} "
             f"{r['token_hit_rate']:>8.1%} {r['request_hit_rate']:>8.1%} {r['dropped']:>7,} "
             f"{_seconds(r['ttft_p50_s'])} {_seconds(r['ttft_p95_s'])} {r['ttft_mean_s']:>8.3f}s "
             f"{r['credited_tokens']:>13,} {r['mispredicted_tokens']:>12,} "
