@@ -307,6 +307,9 @@ def test_cli_merge_refuses_a_shard_from_another_trace(
     (tmp_path / "bad.json").write_text("{not json")
     assert cli("merge", str(tmp_path / "bad.json")) == 2
     assert "is not JSON" in one_error_line(capsys)
+    (tmp_path / "s1.json.gz").write_bytes(b"\x1f\x8b\x08")  # compressed, say
+    assert cli("merge", str(tmp_path / "s1.json.gz")) == 2
+    assert f"{tmp_path / 's1.json.gz'} is not JSON (not UTF-8 text)" in one_error_line(capsys)
 
 
 @pytest.mark.parametrize("where", ["a_dir", "a_file/x.json", "a_fifo"])

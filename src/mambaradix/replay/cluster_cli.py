@@ -200,3 +200,5 @@ def _read_json(name: str) -> Any:
         raise ValueError(f"cannot read {name}: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{name} is not JSON ({e.msg} at line {e.lineno})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{name} is not JSON (not UTF-8 text)") from None
