@@ -169,6 +169,19 @@ def test_mooncake_output_ids_stay_below_negative_input_ids(tmp_path: Path) -> No
     assert r.output_units.tolist() == [-6, -7]
 
 
+def test_mooncake_ids_with_no_room_for_output_ids_below(tmp_path: Path) -> None:
+    # Output ids are fresh ids below every input id: with an input id at the 64-bit
+    # minimum there are none, a TraceFormatError naming its line (not an OverflowError).
+    low = {"timestamp": 1, "input_length": 600, "output_length": 600, "hash_ids": [-(2**63), 3]}
+    p = write_lines(tmp_path / "low.jsonl", jl(MC, low))
+    with pytest.raises(TraceFormatError, match="line 2: .*no room below"):
+        load_mooncake(p)
+    low["hash_ids"] = [-(2**63) + 3, 3]  # room for exactly the three output blocks
+    (first, r) = load_mooncake(write_lines(tmp_path / "ok.jsonl", jl(MC, low))).requests
+    assert first.output_units.tolist() == [-(2**63) + 2]
+    assert r.output_units.tolist() == [-(2**63) + 1, -(2**63)]
+
+
 def test_mooncake_gz_and_load_trace(tmp_path: Path) -> None:
     rec = {"timestamp": 10, "input_length": 3, "output_length": 2, "hash_ids": [9]}
     p = tmp_path / "t.jsonl.gz"
