@@ -239,6 +239,16 @@ def test_replay_json_through_a_symlink_writes_its_target(
     assert json.loads(target.read_text())["trace"]["requests"] == 1
 
 
+def test_replay_plot_format_whose_program_is_missing(
+    cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # matplotlib writes .pgf by running xelatex: with no xelatex on PATH the
+    # plot could only fail after the sweep, so it is refused before it.
+    monkeypatch.setenv("PATH", str(cwd))
+    line = refused(cwd, capsys, "replay", "--trace", "tiny.jsonl", "--plot", "r.pgf")
+    assert line.endswith("--plot r.pgf: matplotlib writes .pgf with xelatex, not found on PATH")
+
+
 def test_replay_page_size_leaves_out_no_buffer_policies(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -269,6 +270,12 @@ def plot_target(arg: str | None, trace: Trace | None, profile: ModelProfile) -> 
             f"--plot {arg}: {'no' if not path.suffix else 'unsupported'} file extension; name a "
             f"directory or a file ending in one of {', '.join('.' + f for f in sorted(formats))}"
         )
+    if path.suffix.lower() == ".pgf":  # the one format matplotlib writes with another program
+        import matplotlib
+
+        tex = str(matplotlib.rcParams["pgf.texsystem"])
+        if shutil.which(tex) is None:
+            raise UsageError(f"--plot {arg}: matplotlib writes .pgf with {tex}, not found on PATH")
     return path
 
 
