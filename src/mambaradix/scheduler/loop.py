@@ -278,11 +278,13 @@ class Scheduler:
 
     def _prompt_done(self, seq: Sequence, token: int | None) -> None:
         req = seq.req
-        assert token is not None, "the forward must return a token for a completed prompt"
         seq.cached_tokens, seq.prompt_tokens = req.cached_len, seq.admitted_len
         seq.kv_hit_tokens = req.kv_hit_len
-        req.output_ids.append(token)
-        if len(req.output_ids) > 1:
+        retried = len(req.output_ids) > 0  # a prefill after a retraction
+        if seq.remaining_new > 0:  # none left: retracted in its quiet steps (`decode_steps`)
+            assert token is not None, "the forward must return a token for a completed prompt"
+            req.output_ids.append(token)
+        if retried:
             # A prefill after a retraction makes the token a decode step would
             # have made: count it as that step, so the sequence ends (and its
             # next token is due) exactly as it would have without the retraction.
