@@ -266,6 +266,26 @@ def test_cli_cluster_shows_and_warns_the_dropped_once(
     assert len(rows) == 4 and all(row[:end].split()[-1] == "1" for row in rows)
 
 
+def test_dropped_warning_blames_sequential_only_when_sequential(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # one(100, 5) fits alone in 1 GB either way (32,768 KV tokens split; a shared
+    # budget of ~1e9 B), so a drop there is not for lack of memory alone: with the
+    # shared budget it is the states cached by then (--sequential); with split pools
+    # the scheduler aborted it mid-decode, out of KV beside the requests in flight
+    # (SGLang's retract_decode with one request left), nothing to do with --sequential.
+    from mambaradix.cli.replay import warn_dropped
+
+    row = {"policy": "vllm", "memory_gb": 1.0, "state_fraction": 0.9 / 1.9, "dropped": 1}
+    for sequential in (False, True):
+        cfg = ServingConfig(1.0, sequential=sequential)
+        warn_dropped({"results": [row]}, one(100, 5), get_profile("nemotron-h-8b"), cfg)
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("warning: 1 of 1 requests did not fit in 1 GB and were dropped")
+        assert ("--sequential" in line) == sequential
+        assert ("beside the requests in flight" in line) != sequential
+
+
 def test_cli_run_that_serves_nothing_fails(
     tmp_path: Path,
     dropped_trace: Path,

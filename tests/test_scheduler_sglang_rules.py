@@ -367,4 +367,3 @@ def test_a_request_retracted_in_its_quiet_steps_makes_no_token_beyond_its_script
     sched._requeue(seq)
     sched.run()
     assert (seq.status, list(seq.outputs), seq.steps_done) == ("finished", [1], 4)
-

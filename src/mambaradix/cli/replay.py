@@ -371,11 +371,11 @@ def warn_dropped(
         track = max(TRACK_SLOTS[policy_strategy(p)] for p in policies)
         need = fit(trace, profile, replace(base, memory_gb=mem, state_fraction=frac), track)
         gb = need.gb_for_largest
-        why = (
-            f"serving every request needs about {gb:g} GB"
-            if gb > mem
-            else "each fits alone, but not beside the states cached by then (--sequential)"
-        )
+        why = f"serving every request needs about {gb:g} GB"
+        if gb <= mem and base.sequential:
+            why = "each fits alone, but not beside the states cached by then (--sequential)"
+        elif gb <= mem:  # the scheduler's abort: SGLang's retract_decode with one request left
+            why = "each fits alone, but ran out of KV while decoding beside the requests in flight"
         warn(
             f"{n:,} of {len(trace):,} requests did not fit in {mem:g} GB and were dropped "
             f"({', '.join(policies)}); they count as misses; {why}"
