@@ -6,6 +6,7 @@ and on stderr; a run that serves nothing fails."""
 from __future__ import annotations
 
 import json
+import signal
 from array import array
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,35 @@ def test_sequential_refuses_only_what_serves_nothing(policy: str) -> None:
                 check_memory(tr, prof, cfg, {policy: strategy})
         else:
             assert model.outcomes
+
+
+@pytest.mark.parametrize("policy", ["vllm", "vllm-all"])
+def test_sequential_drops_what_its_state_leaves_too_little_room_for(policy: str) -> None:
+    # marconi-7b: 65,536 B per KV token; vLLM's state S padded to its page (31.5 MB). A
+    # shared budget of 42 MB. Request 0 (20 prompt + 2 new) holds 21 tokens and a state:
+    # served. Request 1 (179 + 4) holds 182 tokens and a state, more than the budget: its
+    # prompt alone is admitted, but its prefill can never finish beside its state. It is
+    # dropped, as `fit` says (the run was admitting and preempting it forever).
+    prof = get_profile("marconi-7b")
+    s = policy_state_bytes(policy, prof)
+    assert 21 * 65_536 + s <= 42e6 < 182 * 65_536 + s
+    tr = Trace(
+        "t",
+        [req(0, 0, 0.0, list(range(20)), [1, 2]), req(1, 0, 1.0, list(range(100, 279)), [5] * 4)],
+    )
+    cfg = ServingConfig(0.042, sequential=True)
+    assert fit(tr, prof, cfg, 0, s).never_fit == [1]
+
+    def hung(signum: int, frame: object) -> None:
+        raise TimeoutError("the replay did not end")
+
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        r = replay(tr, prof, policy, cfg)
+    finally:
+        signal.alarm(0)
+    assert (r["served"], r["dropped_requests"]) == (1, [1])
 
 
 def test_hit_rates_count_the_dropped_request_as_a_miss() -> None:

@@ -122,7 +122,8 @@ class Scheduler:
         and nothing else runs (SGLang would run out of memory there: the last
         admitted goes back to the queue instead, memory returned); IDLE if
         nothing is queued; STALLED if requests wait but nothing can run (the
-        head does not fit even with nothing else held)."""
+        head does not fit even with nothing else held: also a lone part-way
+        request, put back at the head, whose next chunk finds no memory)."""
         self._stash()
         batch = self._form_prefill()
         if batch:
@@ -132,8 +133,9 @@ class Scheduler:
             self._run_decode()
             return DECODE
         if self.prefilling:  # part-way requests hold the memory the next chunk needs
+            alone = len(self.prefilling) == 1  # it had all memory and still cannot go on
             self._requeue(self.prefilling[-1])
-            return PREEMPTED
+            return STALLED if alone else PREEMPTED
         if self.waiting and self.batch_is_full:
             self.batch_is_full = False  # an empty running batch is never full
             batch = self._form_prefill()
