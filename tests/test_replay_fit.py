@@ -163,6 +163,12 @@ def test_sequential_refuses_only_what_serves_nothing(policy: str) -> None:
             assert model.outcomes
 
 
+def two_sizes() -> Trace:
+    """Request 0: 20 prompt + 2 new tokens; request 1: 179 + 4."""
+    small = req(0, 0, 0.0, list(range(20)), [1, 2])
+    return Trace("t", [small, req(1, 0, 1.0, list(range(100, 279)), [5] * 4)])
+
+
 @pytest.mark.parametrize("policy", ["vllm", "vllm-all"])
 def test_sequential_drops_what_its_state_leaves_too_little_room_for(policy: str) -> None:
     # marconi-7b: 65,536 B per KV token; vLLM's state S padded to its page (31.5 MB). A
@@ -173,23 +179,39 @@ def test_sequential_drops_what_its_state_leaves_too_little_room_for(policy: str)
     prof = get_profile("marconi-7b")
     s = policy_state_bytes(policy, prof)
     assert 21 * 65_536 + s <= 42e6 < 182 * 65_536 + s
-    tr = Trace(
-        "t",
-        [req(0, 0, 0.0, list(range(20)), [1, 2]), req(1, 0, 1.0, list(range(100, 279)), [5] * 4)],
-    )
+    tr = two_sizes()
     cfg = ServingConfig(0.042, sequential=True)
     assert fit(tr, prof, cfg, 0, s).never_fit == [1]
 
     def hung(signum: int, frame: object) -> None:
         raise TimeoutError("the replay did not end")
 
-    signal.signal(signal.SIGALRM, hung)
+    old = signal.signal(signal.SIGALRM, hung)
     signal.alarm(60)
     try:
         r = replay(tr, prof, policy, cfg)
     finally:
         signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
     assert (r["served"], r["dropped_requests"]) == (1, [1])
+
+
+def test_dropped_warning_prices_vllm_states_as_vllm_holds_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The trace above at 42 MB, vllm: request 1 is dropped. Served alone it holds 182
+    # tokens and 2 states (a reused one and its copy) of vLLM's padded 31,457,280 B:
+    # 182 x 65,536 + 2 x 31,457,280 = 74,842,112 B, so about 0.08 GB (the profile's
+    # 26.8 MB states would say 0.07), and that much serves both requests.
+    from mambaradix.replay.workloads import save_jsonl
+
+    save_jsonl(two_sizes(), tmp_path / "t.jsonl")
+    args = ["replay", "--trace", str(tmp_path / "t.jsonl"), "--model", "marconi-7b"]
+    args += ["--sequential", "--policy", "vllm", "--no-progress", "--plot", str(tmp_path / "r.png")]
+    assert main([*args, "--memory", "0.042"]) == 0
+    assert capsys.readouterr().err.strip().endswith("serving every request needs about 0.08 GB")
+    cfg = ServingConfig(0.08, sequential=True)
+    assert replay(two_sizes(), get_profile("marconi-7b"), "vllm", cfg)["dropped"] == 0
 
 
 def test_hit_rates_count_the_dropped_request_as_a_miss() -> None:

@@ -358,7 +358,7 @@ def warn_dropped(
     data: dict[str, Any], trace: Trace, profile: ModelProfile, base: ServingConfig
 ) -> None:
     """One stderr line per memory point at which requests were dropped."""
-    from mambaradix.replay.checks import policy_strategy
+    from mambaradix.replay.checks import policy_state_bytes, policy_strategy
     from mambaradix.replay.fit import TRACK_SLOTS, fit
 
     groups: dict[tuple[float, float, int], list[str]] = {}
@@ -369,7 +369,9 @@ def warn_dropped(
             named += [] if r["policy"] in named else [r["policy"]]  # once, with many routers
     for (mem, frac, n), policies in groups.items():
         track = max(TRACK_SLOTS[policy_strategy(p)] for p in policies)
-        need = fit(trace, profile, replace(base, memory_gb=mem, state_fraction=frac), track)
+        state = max(policy_state_bytes(p, profile) for p in policies)  # vLLM pads its states
+        cfg = replace(base, memory_gb=mem, state_fraction=frac)
+        need = fit(trace, profile, cfg, track, state)
         gb = need.gb_for_largest
         why = f"serving every request needs about {gb:g} GB"
         if gb <= mem and base.sequential:
