@@ -185,6 +185,70 @@ def test_replay_too_few_states_for_extra_buffer(
     assert "needs 4 states for a request that reuses one" in line
 
 
+def test_replay_memory_advice_serves_every_policy_of_the_run(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # marconi-7b at 0.03 GB, default split: int(0.03e9 x 9/19) // 26,804,224 B = 0
+    # states, too few for sglang (first in the list, 2 states). The advice must be
+    # the memory that serves the whole run: sglang-extra-buffer needs 4 states,
+    # 4 x 26,804,224 / (9/19) B, so at least 0.23 GB; that much runs.
+    from mambaradix.replay.models import get_profile
+
+    need = 4 * get_profile("marconi-7b").state_bytes / (0.9 / 1.9) / 1e9
+    args = ["--model", "marconi-7b", "--policy", "sglang,sglang-extra-buffer", "--no-progress"]
+    line = refused(cwd, capsys, "replay", "--trace", "tiny.jsonl", "--memory", "0.03", *args)
+    assert "policy sglang (no_buffer) needs 2 states" in line
+    gb = float(line.split("use at least ")[1].split(" GB")[0])
+    assert need <= gb < need + 0.02
+    assert main(["replay", "--trace", "tiny.jsonl", "--memory", f"{gb:g}", *args]) == 0
+
+
+def test_replay_state_fraction_so_small_no_memory_serves(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 2 states of 26.8 MB at a state fraction of 1e-305 need 5.4e7 / 1e-305 B,
+    # beyond any float: refused as bad input like any other too-small point.
+    args = ["--model", "marconi-7b", "--memory", "10", "--state-fraction", "1e-305"]
+    line = refused(cwd, capsys, "replay", "--trace", "tiny.jsonl", "--policy", "sglang", *args)
+    assert "and 0 states: policy sglang (no_buffer) needs 2 states" in line
+    assert "no memory size serves every request (with --state-fraction 1e-305)" in line
+
+
+def test_replay_json_to_a_fifo_is_refused_and_left_alone(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A device, a FIFO or a socket is not a file the output can be renamed onto:
+    # doing so (as root) replaced /dev/null with a regular file.
+    fifo = cwd / "pipe.json"
+    os.mkfifo(fifo)
+    line = refused(cwd, capsys, "replay", "--trace", "tiny.jsonl", "--json", str(fifo))
+    assert line.endswith(f"--json {fifo} is not a regular file")
+    assert fifo.is_fifo()
+
+
+def test_replay_json_through_a_symlink_writes_its_target(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = cwd / "results" / "r.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    (cwd / "link.json").symlink_to(target)
+    argv = ["replay", "--trace", "tiny.jsonl", "--memory", "1", "--json", "link.json"]
+    assert main([*argv, "--policy", "sglang", "--no-progress"]) == 0
+    assert (cwd / "link.json").is_symlink()
+    assert json.loads(target.read_text())["trace"]["requests"] == 1
+
+
+def test_replay_plot_format_whose_program_is_missing(
+    cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # matplotlib writes .pgf by running xelatex: with no xelatex on PATH the
+    # plot could only fail after the sweep, so it is refused before it.
+    monkeypatch.setenv("PATH", str(cwd))
+    line = refused(cwd, capsys, "replay", "--trace", "tiny.jsonl", "--plot", "r.pgf")
+    assert line.endswith("--plot r.pgf: matplotlib writes .pgf with xelatex, not found on PATH")
+
+
 def test_replay_page_size_leaves_out_no_buffer_policies(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,6 +6,7 @@ and on stderr; a run that serves nothing fails."""
 from __future__ import annotations
 
 import json
+import signal
 from array import array
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,57 @@ def test_sequential_refuses_only_what_serves_nothing(policy: str) -> None:
             assert model.outcomes
 
 
+def two_sizes() -> Trace:
+    """Request 0: 20 prompt + 2 new tokens; request 1: 179 + 4."""
+    small = req(0, 0, 0.0, list(range(20)), [1, 2])
+    return Trace("t", [small, req(1, 0, 1.0, list(range(100, 279)), [5] * 4)])
+
+
+@pytest.mark.parametrize("policy", ["vllm", "vllm-all"])
+def test_sequential_drops_what_its_state_leaves_too_little_room_for(policy: str) -> None:
+    # marconi-7b: 65,536 B per KV token; vLLM's state S padded to its page (31.5 MB). A
+    # shared budget of 42 MB. Request 0 (20 prompt + 2 new) holds 21 tokens and a state:
+    # served. Request 1 (179 + 4) holds 182 tokens and a state, more than the budget: its
+    # prompt alone is admitted, but its prefill can never finish beside its state. It is
+    # dropped, as `fit` says (the run was admitting and preempting it forever).
+    prof = get_profile("marconi-7b")
+    s = policy_state_bytes(policy, prof)
+    assert 21 * 65_536 + s <= 42e6 < 182 * 65_536 + s
+    tr = two_sizes()
+    cfg = ServingConfig(0.042, sequential=True)
+    assert fit(tr, prof, cfg, 0, s).never_fit == [1]
+
+    def hung(signum: int, frame: object) -> None:
+        raise TimeoutError("the replay did not end")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        r = replay(tr, prof, policy, cfg)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert (r["served"], r["dropped_requests"]) == (1, [1])
+
+
+def test_dropped_warning_prices_vllm_states_as_vllm_holds_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The trace above at 42 MB, vllm: request 1 is dropped. Served alone it holds 182
+    # tokens and 2 states (a reused one and its copy) of vLLM's padded 31,457,280 B:
+    # 182 x 65,536 + 2 x 31,457,280 = 74,842,112 B, so about 0.08 GB (the profile's
+    # 26.8 MB states would say 0.07), and that much serves both requests.
+    from mambaradix.replay.workloads import save_jsonl
+
+    save_jsonl(two_sizes(), tmp_path / "t.jsonl")
+    args = ["replay", "--trace", str(tmp_path / "t.jsonl"), "--model", "marconi-7b"]
+    args += ["--sequential", "--policy", "vllm", "--no-progress", "--plot", str(tmp_path / "r.png")]
+    assert main([*args, "--memory", "0.042"]) == 0
+    assert capsys.readouterr().err.strip().endswith("serving every request needs about 0.08 GB")
+    cfg = ServingConfig(0.08, sequential=True)
+    assert replay(two_sizes(), get_profile("marconi-7b"), "vllm", cfg)["dropped"] == 0
+
+
 def test_hit_rates_count_the_dropped_request_as_a_miss() -> None:
     # By hand: prompts 40 + 2,000 + 80 + 40 = 2,160 tokens over 4 requests.
     # sglang hits r1 at 69 (r0's finished state at 40 + 30 - 1); mambaradix
@@ -248,6 +300,42 @@ def test_cli_warns_and_records_the_dropped(
         assert (r["dropped"], r["dropped_requests"], r["served"]) == (1, [1], 3)
     hits = {r["policy"]: r["token_hit_rate"] for r in data["results"]}
     assert hits == pytest.approx({"sglang": 69 / 2160, "mambaradix": 108 / 2160})
+
+
+def test_cli_cluster_shows_and_warns_the_dropped_once(
+    tmp_path: Path, dropped_trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As above, BIG never fits 0.2 GB, so no instance serves it, whatever the router.
+    args = cli(dropped_trace, tmp_path, "0.2", "sglang,mambaradix")[:-2]  # no --plot
+    assert main([*args, "--instances", "2", "--router", "hybrid,round-robin"]) == 0
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == [
+        "warning: 1 of 4 requests did not fit in 0.2 GB and were dropped (sglang, mambaradix); "
+        "they count as misses; serving every request needs about 0.25 GB"
+    ]
+    head, _, *rows = out.splitlines()[1:7]
+    end = head.index(" dropped") + len(" dropped")  # the column is right-aligned
+    assert len(rows) == 4 and all(row[:end].split()[-1] == "1" for row in rows)
+
+
+def test_dropped_warning_blames_sequential_only_when_sequential(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # one(100, 5) fits alone in 1 GB either way (32,768 KV tokens split; a shared
+    # budget of ~1e9 B), so a drop there is not for lack of memory alone: with the
+    # shared budget it is the states cached by then (--sequential); with split pools
+    # the scheduler aborted it mid-decode, out of KV beside the requests in flight
+    # (SGLang's retract_decode with one request left), nothing to do with --sequential.
+    from mambaradix.cli.replay import warn_dropped
+
+    row = {"policy": "vllm", "memory_gb": 1.0, "state_fraction": 0.9 / 1.9, "dropped": 1}
+    for sequential in (False, True):
+        cfg = ServingConfig(1.0, sequential=sequential)
+        warn_dropped({"results": [row]}, one(100, 5), get_profile("nemotron-h-8b"), cfg)
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("warning: 1 of 1 requests did not fit in 1 GB and were dropped")
+        assert ("--sequential" in line) == sequential
+        assert ("beside the requests in flight" in line) != sequential
 
 
 def test_cli_run_that_serves_nothing_fails(

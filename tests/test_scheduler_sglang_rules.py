@@ -351,3 +351,19 @@ def test_after_a_retraction_every_decode_step_makes_a_token() -> None:
         made.append(len(seq.outputs))
     assert made == [3, 4, 5]
     assert seq.status == "finished"
+
+
+def test_a_request_retracted_in_its_quiet_steps_makes_no_token_beyond_its_script() -> None:
+    # A block-trace request (the replay's): one output block, then 4 decode steps that
+    # generate none (they stand for the rest of its tokens). Retracted right after its
+    # prefill, all its outputs already made: the prefill again of 10 + 1 tokens has no
+    # token left to make (before the fix: IndexError asking the script for a second one).
+    # It counts as one of the 4 steps, so the request ends after 4 steps in all, as
+    # without the retraction, with its one output.
+    sched = scheduler(manager("sglang", kv=500, slots=12), chunk=None, running=2)
+    seq = Sequence(tokens(100, 10), 1, script=array("q", [1]), decode_steps=4)
+    sched.submit(seq)
+    sched.step()
+    sched._requeue(seq)
+    sched.run()
+    assert (seq.status, list(seq.outputs), seq.steps_done) == ("finished", [1], 4)

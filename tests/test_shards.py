@@ -6,6 +6,7 @@ one line on stderr and exit code 2, before any work."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,8 @@ def test_shard_parse_and_interleaved_selection() -> None:
     cells = list(range(8))
     assert [Shard(i, 3).select(cells) for i in (1, 2, 3)] == [[0, 3, 6], [1, 4, 7], [2, 5]]
     assert sorted(sum((Shard(i, 3).select(cells) for i in (1, 2, 3)), [])) == cells
-    for bad in ("3/2", "0/2", "1/0", "a/2", "1/2/3", "2", "-1/2"):
+    # ² and ³ are digits to isdigit() that int() refuses
+    for bad in ("3/2", "0/2", "1/0", "a/2", "1/2/3", "2", "-1/2", "²/3", "1/³"):
         with pytest.raises(ValueError, match="--shard must be i/N"):
             Shard.parse(bad)
 
@@ -130,6 +132,30 @@ def test_merge_refuses_what_is_not_one_sweep() -> None:
     refused([], r"no shard files")
 
 
+def test_merge_refuses_a_damaged_shard_file() -> None:
+    # A shard file edited or cut by hand is refused with a ShardError naming it,
+    # whichever field it breaks (never a TypeError or KeyError from deep inside).
+    parts = shard_files(multi_turn(sessions=3, seed=4), 2)
+
+    def damaged(edit: Any) -> None:
+        first = json.loads(json.dumps(parts[0][1]))
+        edit(first)
+        with pytest.raises(ShardError, match=r"^s1\.json is not a shard file"):
+            merge([("s1.json", first), parts[1]])
+
+    damaged(lambda d: d.update(shard=5))
+    damaged(lambda d: d.update(shard={"index": 1.0, "count": 2.0}))
+    damaged(lambda d: d.update(shard={"index": True, "count": 2}))
+    damaged(lambda d: d.update(cells=7))
+    damaged(lambda d: d["cells"].append(["sglang", 1.0]))
+    damaged(lambda d: d.update(results=5))
+    damaged(lambda d: d["results"].append(3))
+    damaged(lambda d: d["results"][0].pop("policy"))
+    damaged(lambda d: d["results"][0].update(memory_gb="x"))
+    damaged(lambda d: d["results"][0].update(config=None))
+    damaged(lambda d: d.pop("trace"))
+
+
 # -------------------------------------------------------------------- CLI
 
 RECORDS = [
@@ -182,6 +208,31 @@ def test_cli_shards_and_merge_equal_a_serial_cluster_run(tiny: Path, tmp_path: P
         assert row["instances"] == 2
 
 
+def test_cli_cluster_table_tells_the_state_fractions_apart(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    args = ["--memory", "1", "--policy", "sglang", "--state-fraction", "0.3,0.6"]
+    args += ["--instances", "2", "--router", "hybrid", "--no-progress", "--json", str(out)]
+    assert cli("replay", "--trace", str(tiny), *args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    fractions = [r["state_fraction"] for r in json.loads(out.read_text())["results"]]
+    assert fractions == [0.3, 0.6]
+    # each row sits under a heading naming its state pool, as in the single-instance table
+    rows = [i for i, line in enumerate(lines) if line.split()[1:3] == ["hybrid", "sglang"]]
+    assert [lines[i - 1] for i in rows] == [
+        "  state pool 30% of memory:",
+        "  state pool 60% of memory:",
+    ]
+
+
+def test_cli_cluster_table_columns_line_up(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--memory", "1", "--policy", "sglang-extra-buffer,mambaradix", "--no-progress"]
+    assert cli("replay", "--trace", str(tiny), *args, "--instances", "2", "--router", "hybrid") == 0
+    head, rule, *rows = capsys.readouterr().out.splitlines()[1:5]
+    assert len(rows) == 2 and {len(line) for line in (rule, *rows)} == {len(head)}
+
+
 def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
@@ -193,6 +244,8 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     [
         (["--instances", "0"], "--instances must be a positive number, got 0"),
         (["--instances", "2", "--router", "hybrid,nope"], "unknown router nope"),
+        (["--instances", "2", "--router", "hybrid,hybrid"], "--router: hybrid given twice"),
+        (["--instances", "2", "--router", ""], "--router must name at least one of"),
         (["--instances", "2", "--router-lag-ms", "-5"], "--router-lag-ms must be a number >= 0"),
         (["--instances", "2", "--router-block", "0"], "--router-block must be a positive number"),
         (["--router", "hybrid"], "--router needs --instances N"),
@@ -246,10 +299,33 @@ def test_cli_merge_refuses_a_shard_from_another_trace(
     assert (
         cli("merge", str(tmp_path / "s1.json"), str(tmp_path / "s2.json"), "--json", str(out)) == 2
     )
-    assert "differ in trace hash" in one_error_line(capsys)
+    line = one_error_line(capsys)
+    assert line.startswith("mambaradix merge: error: ") and "differ in trace hash" in line
     assert not out.exists()
     assert cli("merge", str(tmp_path / "nope.json")) == 2
     assert "cannot read" in one_error_line(capsys)
     (tmp_path / "bad.json").write_text("{not json")
     assert cli("merge", str(tmp_path / "bad.json")) == 2
     assert "is not JSON" in one_error_line(capsys)
+    (tmp_path / "s1.json.gz").write_bytes(b"\x1f\x8b\x08")  # compressed, say
+    assert cli("merge", str(tmp_path / "s1.json.gz")) == 2
+    assert f"{tmp_path / 's1.json.gz'} is not JSON (not UTF-8 text)" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("where", ["a_dir", "a_file/x.json", "a_fifo"])
+def test_cli_merge_checks_its_json_output_first(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    (tmp_path / "a_dir").mkdir()
+    (tmp_path / "a_file").write_text("x")
+    os.mkfifo(tmp_path / "a_fifo")
+    shards = [str(tmp_path / f"s{i}.json") for i in (1, 2)]
+    for i, name in enumerate(shards, 1):
+        assert cli("replay", "--trace", str(tiny), "--memory", "0.5", "--policy", "sglang",
+                   "--no-progress", "--shard", f"{i}/2", "--json", name) == 0  # fmt: skip
+    capsys.readouterr()
+    assert cli("merge", *shards, "--json", str(tmp_path / where)) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"mambaradix merge: error: --json {tmp_path / where}")
+    assert (tmp_path / "a_fifo").is_fifo() and (tmp_path / "a_file").read_text() == "x"

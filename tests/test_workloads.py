@@ -169,6 +169,19 @@ def test_mooncake_output_ids_stay_below_negative_input_ids(tmp_path: Path) -> No
     assert r.output_units.tolist() == [-6, -7]
 
 
+def test_mooncake_ids_with_no_room_for_output_ids_below(tmp_path: Path) -> None:
+    # Output ids are fresh ids below every input id: with an input id at the 64-bit
+    # minimum there are none, a TraceFormatError naming its line (not an OverflowError).
+    low = {"timestamp": 1, "input_length": 600, "output_length": 600, "hash_ids": [-(2**63), 3]}
+    p = write_lines(tmp_path / "low.jsonl", jl(MC, low))
+    with pytest.raises(TraceFormatError, match="line 2: .*no room below"):
+        load_mooncake(p)
+    low["hash_ids"] = [-(2**63) + 3, 3]  # room for exactly the three output blocks
+    (first, r) = load_mooncake(write_lines(tmp_path / "ok.jsonl", jl(MC, low))).requests
+    assert first.output_units.tolist() == [-(2**63) + 2]
+    assert r.output_units.tolist() == [-(2**63) + 1, -(2**63)]
+
+
 def test_mooncake_gz_and_load_trace(tmp_path: Path) -> None:
     rec = {"timestamp": 10, "input_length": 3, "output_length": 2, "hash_ids": [9]}
     p = tmp_path / "t.jsonl.gz"
@@ -177,6 +190,34 @@ def test_mooncake_gz_and_load_trace(tmp_path: Path) -> None:
     assert detect_format(p) == "mooncake"
     t = load_trace(p)
     assert t.name == "t" and t.unit_tokens == 512 and t.requests[0].input_units.tolist() == [9]
+
+
+def damaged_gzip_files(tmp_path: Path) -> dict[str, Path]:
+    """A valid gzip trace cut in half, one with its deflate data flipped, one
+    that is not gzip at all, and one whose text is not UTF-8."""
+    good = tmp_path / "good.jsonl.gz"
+    with gzip.open(good, "wt") as f:
+        f.write("".join(jl(*[NEU] * 200)))
+    raw = good.read_bytes()
+    files = {
+        "truncated": raw[: len(raw) // 2],
+        "corrupt": raw[:20] + bytes(b ^ 0x55 for b in raw[20:]),
+        "not gzip": b"".join(x.encode() for x in jl(NEU)),
+        "not utf-8": gzip.compress(b'{"session_id": "\xe9"}\n'),
+    }
+    out = {}
+    for what, data in files.items():
+        out[what] = tmp_path / f"{what.replace(' ', '-')}.jsonl.gz"
+        out[what].write_bytes(data)
+    return out
+
+
+def test_damaged_gzip_is_a_trace_format_error(tmp_path: Path) -> None:
+    # a damaged file is bad input (TraceFormatError naming the file), not a crash
+    for what, path in damaged_gzip_files(tmp_path).items():
+        with pytest.raises(TraceFormatError, match=str(path)) as e:
+            load_trace(path)
+        assert e.value.path == str(path), what
 
 
 # ---------------------------------------------------------------- neutral format
@@ -244,7 +285,9 @@ NEU = {"session_id": 0, "turn_id": 0, "ts": 0.0, "input_tokens": [1], "output_to
         ({k: v for k, v in MC.items() if k != "output_length"}, "line 3: missing field"),
         ({**MC, "input_length": 600}, r"line 3: 1 hash_ids do not cover input_length=600"),
         ({**MC, "output_length": -1}, "line 3: 'output_length' must be an integer >= 0"),
-        ({**MC, "timestamp": "soon"}, "line 3: 'timestamp' must be a number"),
+        ({**MC, "timestamp": "soon"}, "line 3: 'timestamp' must be a finite number"),
+        # json.dumps writes float("inf") as the non-standard Infinity, which json.loads reads
+        ({**MC, "timestamp": float("inf")}, "line 3: 'timestamp' must be a finite number"),
     ],
 )
 def test_malformed_mooncake_names_the_line(tmp_path: Path, bad_line: object, message: str) -> None:
@@ -263,6 +306,8 @@ def test_malformed_mooncake_names_the_line(tmp_path: Path, bad_line: object, mes
         ({**NEU, "session_id": None}, "line 2: 'session_id' must be an integer or a string"),
         ({**NEU, "turn_id": -1}, "line 2: 'turn_id' must be an integer >= 0"),
         ({**NEU, "input_tokens": [2**70]}, "line 2: 'input_tokens' holds an integer outside"),
+        ({**NEU, "ts": float("inf")}, "line 2: 'ts' must be a finite number >= 0, got inf"),
+        ({**NEU, "ts": float("nan")}, "line 2: 'ts' must be a finite number >= 0, got nan"),
     ],
 )
 def test_malformed_neutral_names_the_line(tmp_path: Path, bad_line: object, message: str) -> None:

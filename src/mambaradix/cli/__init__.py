@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
-from mambaradix.cli.checks import Parser, UsageError
+from mambaradix.cli.checks import Parser, UsageError, check_output
 
 __all__ = ["main"]
 
@@ -55,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nmambaradix: interrupted", file=sys.stderr)
         return 130
+    if args.command == "merge" and args.json is not None:  # checked before any work
+        try:
+            check_output(Path(args.json), "--json")
+        except UsageError as e:
+            print(f"mambaradix merge: error: {e}", file=sys.stderr)
+            return 2
     if args.command in ("index", "merge"):
         try:
             return int(args.func(args))

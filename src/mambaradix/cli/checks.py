@@ -134,6 +134,8 @@ def check_output(path: Path, flag: str) -> None:
     writable file or creatable inside the nearest existing directory above it."""
     if path.is_dir():
         raise UsageError(f"{flag} {path} is a directory; name a file")
+    if path.exists() and not path.is_file():  # a device or a FIFO: the output is renamed onto it
+        raise UsageError(f"{flag} {path} is not a regular file")
     if path.exists():
         if not os.access(path, os.W_OK):
             raise UsageError(f"{flag} {path} is not writable")
@@ -153,10 +155,12 @@ def check_output(path: Path, flag: str) -> None:
 def write_all(writers: dict[Path, Callable[[Path], object]]) -> None:
     """Write every file or none: each writer writes a temporary file next to its
     target (same extension), and only when all have succeeded are they renamed
-    into place. On any failure, Ctrl-C included, the temporaries are removed."""
+    into place (a symlink's target, not the link). On any failure, Ctrl-C
+    included, the temporaries are removed."""
     temps: dict[Path, Path] = {}
     try:
-        for target, write in writers.items():
+        for link, write in writers.items():
+            target = link.resolve()  # through a symlink to its file, the link kept
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(
                 dir=target.parent, prefix=f".{target.stem}-", suffix=target.suffix

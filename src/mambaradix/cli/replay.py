@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -270,6 +271,12 @@ def plot_target(arg: str | None, trace: Trace | None, profile: ModelProfile) -> 
             f"--plot {arg}: {'no' if not path.suffix else 'unsupported'} file extension; name a "
             f"directory or a file ending in one of {', '.join('.' + f for f in sorted(formats))}"
         )
+    if path.suffix.lower() == ".pgf":  # the one format matplotlib writes with another program
+        import matplotlib
+
+        tex = str(matplotlib.rcParams["pgf.texsystem"])
+        if shutil.which(tex) is None:
+            raise UsageError(f"--plot {arg}: matplotlib writes .pgf with {tex}, not found on PATH")
     return path
 
 
@@ -338,23 +345,26 @@ def warn_dropped(
     data: dict[str, Any], trace: Trace, profile: ModelProfile, base: ServingConfig
 ) -> None:
     """One stderr line per memory point at which requests were dropped."""
-    from mambaradix.replay.checks import policy_strategy
+    from mambaradix.replay.checks import policy_state_bytes, policy_strategy
     from mambaradix.replay.fit import TRACK_SLOTS, fit
 
     groups: dict[tuple[float, float, int], list[str]] = {}
     for r in data["results"]:
         if r["dropped"]:
             key = (r["memory_gb"], r["state_fraction"], r["dropped"])
-            groups.setdefault(key, []).append(r["policy"])
+            named = groups.setdefault(key, [])
+            named += [] if r["policy"] in named else [r["policy"]]  # once, with many routers
     for (mem, frac, n), policies in groups.items():
         track = max(TRACK_SLOTS[policy_strategy(p)] for p in policies)
-        need = fit(trace, profile, replace(base, memory_gb=mem, state_fraction=frac), track)
+        state = max(policy_state_bytes(p, profile) for p in policies)  # vLLM pads its states
+        cfg = replace(base, memory_gb=mem, state_fraction=frac)
+        need = fit(trace, profile, cfg, track, state)
         gb = need.gb_for_largest
-        why = (
-            f"serving every request needs about {gb:g} GB"
-            if gb > mem
-            else "each fits alone, but not beside the states cached by then (--sequential)"
-        )
+        why = f"serving every request needs about {gb:g} GB"
+        if gb <= mem and base.sequential:
+            why = "each fits alone, but not beside the states cached by then (--sequential)"
+        elif gb <= mem:  # the scheduler's abort: SGLang's retract_decode with one request left
+            why = "each fits alone, but ran out of KV while decoding beside the requests in flight"
         warn(
             f"{n:,} of {len(trace):,} requests did not fit in {mem:g} GB and were dropped "
             f"({', '.join(policies)}); they count as misses; {why}"

@@ -115,21 +115,25 @@ class ScaleOut:
 
 
 def _routers(text: str | None) -> list[str]:
-    names = [x.strip() for x in (text or ",".join(ROUTERS)).split(",") if x.strip()]
+    names = [x.strip() for x in (",".join(ROUTERS) if text is None else text).split(",")]
+    names = [x for x in names if x]
     if not names:
         raise ValueError(f"--router must name at least one of {', '.join(ROUTERS)}")
     unknown = [x for x in names if x not in ROUTERS]
     if unknown:
         raise ValueError(f"unknown router {', '.join(unknown)}; choose from {', '.join(ROUTERS)}")
+    if repeated := sorted({x for x in names if names.count(x) > 1}):
+        raise ValueError(f"--router: {', '.join(repeated)} given twice")  # a row each, twice
     return names
 
 
 def table(data: dict[str, Any]) -> str:
     """Cluster rows as a fixed-width table, one row per (memory, router, policy)."""
     first = data["results"][0] if data["results"] else {}
+    w = max([12] + [len(r["policy"]) for r in data["results"]])
     head = (
-        f"{'memory':>7} {'router':<12} {'policy':<12} {'tok hit':>8} {'req hit':>8} "
-        f"{'TTFT p50':>9} {'TTFT p95':>9} {'TTFT mean':>9} {'credited':>13} "
+        f"{'memory':>7} {'router':<12} {'policy':<{w}} {'tok hit':>8} {'req hit':>8} "
+        f"{'dropped':>7} {'TTFT p50':>9} {'TTFT p95':>9} {'TTFT mean':>9} {'credited':>13} "
         f"{'over-credit':>12} {'imbalance':>9}"
     )
     lines = [
@@ -139,10 +143,15 @@ def table(data: dict[str, Any]) -> str:
         head,
         "-" * len(head),
     ]
+    several = len({r.get("state_fraction") for r in data["results"]}) > 1
+    shown = None
     for r in data["results"]:
+        if several and r["state_fraction"] != shown:  # as the single-instance table does
+            shown = r["state_fraction"]
+            lines.append(f"  state pool {shown:.0%} of memory:")
         lines.append(
-            f"{r['memory_gb']:>5g}GB {r['router']:<12} {r['policy']:<12} "
-            f"{r['token_hit_rate']:>8.1%} {r['request_hit_rate']:>8.1%} "
+            f"{r['memory_gb']:>5g}GB {r['router']:<12} {r['policy']:<{w}} "
+            f"{r['token_hit_rate']:>8.1%} {r['request_hit_rate']:>8.1%} {r['dropped']:>7,} "
             f"{_seconds(r['ttft_p50_s'])} {_seconds(r['ttft_p95_s'])} {r['ttft_mean_s']:>8.3f}s "
             f"{r['credited_tokens']:>13,} {r['mispredicted_tokens']:>12,} "
             f"{r['load_imbalance']:>9.2f}"
@@ -173,7 +182,7 @@ def run_merge(args: argparse.Namespace) -> int:
         parts = [(name, _read_json(name)) for name in args.shards]
         data = merge(parts)
     except (ShardError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"mambaradix merge: error: {e}", file=sys.stderr)
         return 2
     has_router = any("router" in r for r in data["results"])
     print(table(data) if has_router else sweep_table(data))
@@ -191,3 +200,5 @@ def _read_json(name: str) -> Any:
         raise ValueError(f"cannot read {name}: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{name} is not JSON ({e.msg} at line {e.lineno})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{name} is not JSON (not UTF-8 text)") from None

@@ -44,7 +44,9 @@ class DaskExecutor(SharingExecutor):
         try:
             self.client: Any = distributed.Client(address, timeout=timeout_s)
         except (OSError, TimeoutError) as e:
-            raise ValueError(f"cannot reach the Dask scheduler at {address}: {e}") from None
+            raise ValueError(
+                f"--executor {url}: cannot reach the Dask scheduler at {address}: {e}"
+            ) from None
         self._executor: Any = self.client.get_executor(pure=False)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:

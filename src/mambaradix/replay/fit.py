@@ -116,7 +116,8 @@ def gb_needed(
 ) -> float:
     """The least memory (GB, in steps of 0.01) that serves `r` alone, at
     `cfg`'s state fraction or shared budget, with the states a request that
-    reuses one holds (`track` slots: 0 no_buffer, 2 extra_buffer)."""
+    reuses one holds (`track` slots: 0 no_buffer, 2 extra_buffer); `math.inf`
+    when that is beyond any float."""
     cfg = replace(cfg, kv_units=None, state_slots=None)  # sized by memory, not exact
     p = pools_for(profile, unit_tokens, replace(cfg, memory_gb=1.0), state_bytes)
     kv = _kv_units_needed(r, p.page) * p.kv_unit_bytes
@@ -124,6 +125,8 @@ def gb_needed(
     need: float = kv + states
     if not cfg.sequential:
         need = max(kv / (1 - cfg.state_fraction), states / cfg.state_fraction)
+    if not math.isfinite(need):  # a state fraction so close to 0 or 1 that no float is enough
+        return math.inf
     gb = math.ceil(need / 1e7) / 100
     for _ in range(100):  # int() truncations in the pool split can cost a unit or a state
         at = pools_for(profile, unit_tokens, replace(cfg, memory_gb=gb), state_bytes)
@@ -195,20 +198,32 @@ def check_memory(
     from mambaradix.replay.policies import is_known
 
     fits: dict[tuple[int, int], Fit] = {}
+    keys = {}
     for policy, strategy in strategies.items():
         track = TRACK_SLOTS[strategy]
         sb = policy_state_bytes(policy, profile) if is_known(policy) else profile.state_bytes
-        f = fits[(track, sb)] = fits.get((track, sb)) or fit(trace, profile, cfg, track, sb)
-        _check_point(trace, cfg, f, f"policy {policy} ({strategy})", track, name)
+        keys[policy] = (track, sb)
+        fits[(track, sb)] = fits.get((track, sb)) or fit(trace, profile, cfg, track, sb)
+    # the advice is the memory that serves every request under every policy of the run
+    gb = max(f.gb_for_largest for f in fits.values())
+    for policy, strategy in strategies.items():
+        who = f"policy {policy} ({strategy})"
+        _check_point(trace, cfg, fits[keys[policy]], who, keys[policy][0], name, gb)
     return fits[max(fits)]
 
 
-def _check_point(trace: Trace, cfg: ServingConfig, f: Fit, who: str, track: int, name: str) -> None:
+def _check_point(
+    trace: Trace, cfg: ServingConfig, f: Fit, who: str, track: int, name: str, gb: float
+) -> None:
     p, least_states = f.pools, slots_alone(track)
     states = f" and {slots_alone(track, reuses=False)} states" if p.shared else ""
     at = f"{name} {cfg.memory_gb:g} GB" if cfg.kv_units is None else "kv_units/state_slots"
     holds = f"{at} holds {describe_pools(p, trace.unit_tokens)}"
-    serve = f"use at least {f.gb_for_largest:g} GB to serve every request"
+    serve = (
+        f"use at least {gb:g} GB to serve every request"
+        if math.isfinite(gb)
+        else "no memory size serves every request"
+    )
     if len(f.never_fit) == len(trace):
         raise ValueError(
             f"{holds}: no request fits{f' ({who})' if p.shared else ''}; the smallest, "

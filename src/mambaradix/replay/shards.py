@@ -43,7 +43,7 @@ class Shard:
     @classmethod
     def parse(cls, text: str) -> Shard:
         parts = text.split("/")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        if len(parts) != 2 or not all(p.strip().isdecimal() for p in parts):
             raise ValueError(f"--shard must be i/N with 1 <= i <= N, got {text!r}")
         return cls(int(parts[0]), int(parts[1]))
 
@@ -93,6 +93,8 @@ def merge(parts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     for name, data in parts:
         if not isinstance(data, dict) or "shard" not in data or "cells" not in data:
             raise ShardError(f"{name} is not a shard file (write one with --shard i/N --json)")
+        if problem := _damage(data):
+            raise ShardError(f"{name} is not a shard file as --shard writes it: {problem}")
     first_name, first = parts[0]
     for name, data in parts[1:]:
         for field in (*_SAME, "cells"):
@@ -109,6 +111,32 @@ def merge(parts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     merged["results"] = [rows[k] for k in sorted(rows, key=order.__getitem__)]
     merged["merged_shards"] = first["shard"]["count"]
     return merged
+
+
+def _damage(data: dict[str, Any]) -> str | None:
+    """What is wrong with the fields `merge` and the table read, if anything."""
+    shard = data["shard"]
+    counts = [shard.get(k) for k in ("index", "count")] if isinstance(shard, dict) else []
+    if len(counts) != 2 or not all(type(x) is int for x in counts):
+        return "'shard' must hold an integer index and count"
+    if not all(isinstance(data.get(k), dict) for k in ("trace", "model", "bound")):
+        return "'trace', 'model' and 'bound' must be objects"
+    if not isinstance(data["cells"], list) or not isinstance(data.get("results"), list):
+        return "'cells' and 'results' must be lists"
+    if not all(isinstance(c, list) and len(c) == 4 for c in data["cells"]):
+        return "each of 'cells' must be a [policy, memory, fraction, router] list"
+    for i, row in enumerate(data["results"]):
+        if not isinstance(row, dict) or not isinstance(row.get("config"), dict):
+            return f"results[{i}] must be an object with a 'config' object"
+        try:
+            policy, memory, fraction, _ = row_key(row)
+        except KeyError as e:
+            return f"results[{i}] has no {e}"
+        if not isinstance(policy, str) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in (memory, fraction)
+        ):
+            return f"results[{i}] needs a policy name and numbers for its memory and fraction"
+    return None
 
 
 def _check_indices(parts: list[tuple[str, dict[str, Any]]]) -> None:

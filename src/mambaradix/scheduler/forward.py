@@ -42,7 +42,9 @@ class DecodeStep:
 class Forward(Protocol):
     def prefill(self, batch: list[Extend]) -> list[int | None]:
         """Run every extend; the next token for those that end at the
-        sequence's last token (prompt complete), None for the others."""
+        sequence's last token (prompt complete), None for the others. The
+        scheduler ignores the token of a sequence with none left to make (a
+        block-trace sequence retracted in its quiet steps)."""
         ...
 
     def decode(self, batch: list[DecodeStep]) -> list[int]:
@@ -57,11 +59,17 @@ def scripted_token(seq: Sequence) -> int:
     return int(seq.script[len(seq.req.output_ids)])
 
 
+def _makes_token(e: Extend) -> bool:
+    """Whether the extend completes the prompt of a sequence with a token left
+    to make (a block-trace sequence retracted in its quiet steps has none)."""
+    return e.end == e.seq.req.total_len and e.seq.remaining_new > 0
+
+
 class ScriptedForward:
     """Computes nothing: every next token comes from the sequence's script."""
 
     def prefill(self, batch: list[Extend]) -> list[int | None]:
-        return [scripted_token(e.seq) if e.end == e.seq.req.total_len else None for e in batch]
+        return [scripted_token(e.seq) if _makes_token(e) else None for e in batch]
 
     def decode(self, batch: list[DecodeStep]) -> list[int]:
         return [scripted_token(d.seq) for d in batch]

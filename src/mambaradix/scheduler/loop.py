@@ -135,7 +135,8 @@ class Scheduler:
         and nothing else runs (SGLang would run out of memory there: the last
         admitted goes back to the queue instead, memory returned); IDLE if
         nothing is queued; STALLED if requests wait but nothing can run (the
-        head does not fit even with nothing else held)."""
+        head does not fit even with nothing else held: also a lone part-way
+        request, put back at the head, whose next chunk finds no memory)."""
         self._stash()
         batch = self._form_prefill()
         if batch:
@@ -145,8 +146,9 @@ class Scheduler:
             self._run_decode()
             return DECODE
         if self.prefilling:  # part-way requests hold the memory the next chunk needs
+            alone = len(self.prefilling) == 1  # it had all memory and still cannot go on
             self._requeue(self.prefilling[-1])
-            return PREEMPTED
+            return STALLED if alone else PREEMPTED
         if self.waiting and self.batch_is_full:
             self.batch_is_full = False  # an empty running batch is never full
             batch = self._form_prefill()
@@ -291,11 +293,13 @@ class Scheduler:
 
     def _prompt_done(self, seq: Sequence, token: int | None) -> None:
         req = seq.req
-        assert token is not None, "the forward must return a token for a completed prompt"
         seq.cached_tokens, seq.prompt_tokens = req.cached_len, seq.admitted_len
         seq.kv_hit_tokens = req.kv_hit_len
-        req.output_ids.append(token)
-        if len(req.output_ids) > 1:
+        retried = len(req.output_ids) > 0  # a prefill after a retraction
+        if seq.remaining_new > 0:  # none left: retracted in its quiet steps (`decode_steps`)
+            assert token is not None, "the forward must return a token for a completed prompt"
+            req.output_ids.append(token)
+        if retried:
             # A prefill after a retraction makes the token a decode step would
             # have made: count it as that step, so the sequence ends (and its
             # next token is due) exactly as it would have without the retraction.

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
+import zlib
 from array import array
 from collections.abc import Iterator
 from importlib import resources
@@ -37,17 +39,28 @@ def json_lines(path: PathLike) -> Iterator[tuple[int, dict[str, object]]]:
 
     Raises TraceFormatError for a line that is not a JSON object.
     """
+    for lineno, line in _text_lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TraceFormatError(path, lineno, f"invalid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise TraceFormatError(path, lineno, "expected a JSON object")
+        yield lineno, obj
+
+
+def _text_lines(path: PathLike) -> Iterator[tuple[int, str]]:
+    """`(line_number, text)` of each line; a damaged or truncated gzip stream or
+    bytes that are not UTF-8 raise TraceFormatError naming the line."""
+    lineno = 0
     with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TraceFormatError(path, lineno, f"invalid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise TraceFormatError(path, lineno, "expected a JSON object")
-            yield lineno, obj
+        try:
+            for lineno, line in enumerate(f, 1):
+                yield lineno, line
+        except (EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError) as e:
+            raise TraceFormatError(path, lineno + 1, f"unreadable: {e}") from None
 
 
 def first_record(path: PathLike) -> tuple[int, dict[str, object]]:
@@ -81,8 +94,9 @@ class Fields:
 
     def number(self, key: str) -> float:
         v = self.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
-            raise self.error(f"{key!r} must be a number >= 0, got {v!r}")
+        # json.loads reads NaN and Infinity; a time must be a finite number
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf:
+            raise self.error(f"{key!r} must be a finite number >= 0, got {v!r}")
         return float(v)
 
     def session(self, key: str) -> int | str:

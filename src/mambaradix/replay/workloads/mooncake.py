@@ -80,13 +80,15 @@ def load_mooncake(
     if block_tokens < 1:
         raise ValueError("block_tokens must be >= 1")
     rows: list[_Row] = []
+    lines: list[int] = []
     for line, obj in track(json_lines(path), f"loading {Path(path).name}", unit=" lines"):
         if limit is not None and len(rows) >= limit:
             break
         rows.append(_parse_row(path, line, obj, block_tokens, check_lengths))
+        lines.append(line)
     if not rows:
         raise TraceFormatError(path, 1, "file has no records")
-    next_out = min(-1, min(min(r.hash_ids) for r in rows) - 1)
+    next_out = _first_output_id(path, rows, lines, block_tokens)
     requests = []
     for i, r in enumerate(rows):
         n_out = -(-r.output_length // block_tokens)
@@ -100,6 +102,22 @@ def load_mooncake(
         source=source or f"Mooncake-format JSONL {path}",
         meta={"format": "mooncake", "path": str(path), "block_tokens": block_tokens},
     )
+
+
+def _first_output_id(path: PathLike, rows: list[_Row], lines: list[int], block: int) -> int:
+    """The first of the fresh output ids, counting down below every input id;
+    TraceFormatError naming the lowest id's line when they would leave 64 bits."""
+    lowest = min(range(len(rows)), key=lambda i: min(rows[i].hash_ids))
+    first = min(-1, min(rows[lowest].hash_ids) - 1)
+    outputs = sum(-(-r.output_length // block) for r in rows)
+    if first - outputs + 1 < -(2**63):
+        raise TraceFormatError(
+            path,
+            lines[lowest],
+            f"hash id {min(rows[lowest].hash_ids)} leaves no room below it for the trace's "
+            f"{outputs} fresh output block ids (64-bit)",
+        )
+    return first
 
 
 def load_bundled_mooncake(limit: int | None = None) -> Trace:
