@@ -226,6 +226,20 @@ def test_replay_json_to_a_fifo_is_refused_and_left_alone(
     assert fifo.is_fifo()
 
 
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_replay_output_onto_its_own_trace_is_refused(
+    cwd: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    # The trace file given as an output (directly or through a link) would be
+    # overwritten by the results: refused, and the trace left as it was.
+    before = (cwd / "tiny.jsonl").read_bytes()
+    link = "trace.json" if flag == "--json" else "trace.png"
+    (cwd / link).symlink_to(cwd / "tiny.jsonl")
+    line = refused(cwd, capsys, "replay", "--trace", "tiny.jsonl", flag, link)
+    assert line.endswith(f"{flag} {link} is the --trace file: the run would overwrite it")
+    assert (cwd / "tiny.jsonl").read_bytes() == before
+
+
 def test_replay_json_through_a_symlink_writes_its_target(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         trace = load_trace(args.trace, args.limit, scale)
         policies, left_out = pick_policies(args, trace, base)
         plot_path = plot_target(args.plot, trace, profile) if plots(scale) else None
-        check_outputs(plot_path, args.json)
+        check_outputs(plot_path, args.json, args.trace)
         check_sizes(trace, profile, base, policies, args)
         data = run_sweep(args, trace, profile, policies, base, scale)
     data["policies_left_out"] = left_out
@@ -184,7 +184,8 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
             f"--track-interval {track} must be a multiple of --page-size {args.page_size}, "
             "as SGLang requires"
         )
-    check_outputs(plot_target(args.plot, None, profile) if plots(scale) else None, args.json)
+    plot_path = plot_target(args.plot, None, profile) if plots(scale) else None
+    check_outputs(plot_path, args.json, args.trace)
     base = ServingConfig(
         memory_gb=args.memory[0],
         sequential=args.sequential,
@@ -280,13 +281,17 @@ def plot_target(arg: str | None, trace: Trace | None, profile: ModelProfile) -> 
     return path
 
 
-def check_outputs(plot_path: Path | None, json_path: Path | None) -> None:
-    if plot_path is not None:
-        check_output(plot_path, "--plot")
-    if json_path is not None:
-        check_output(json_path, "--json")
-        if plot_path is not None and json_path.resolve() == plot_path.resolve():
-            raise UsageError(f"--json and --plot name the same file {json_path}")
+def check_outputs(plot_path: Path | None, json_path: Path | None, trace: str) -> None:
+    """Each output writable, the two apart, and neither the --trace file."""
+    source = Path(trace).resolve() if Path(trace).is_file() else None
+    for flag, path in (("--plot", plot_path), ("--json", json_path)):
+        if path is None:
+            continue
+        check_output(path, flag)
+        if path.resolve() == source:
+            raise UsageError(f"{flag} {path} is the --trace file: the run would overwrite it")
+    if plot_path and json_path and json_path.resolve() == plot_path.resolve():
+        raise UsageError(f"--json and --plot name the same file {json_path}")
 
 
 def check_sizes(
