@@ -285,6 +285,8 @@ NEU = {"session_id": 0, "turn_id": 0, "ts": 0.0, "input_tokens": [1], "output_to
         ({k: v for k, v in MC.items() if k != "output_length"}, "line 3: missing field"),
         ({**MC, "input_length": 600}, r"line 3: 1 hash_ids do not cover input_length=600"),
         ({**MC, "output_length": -1}, "line 3: 'output_length' must be an integer >= 0"),
+        # a typo of 10**18 would make 2 x 10**15 output ids (16 PB): 2**24 blocks at most
+        ({**MC, "output_length": 10**18}, "line 3: 'output_length' must be at most 8,589,934,592"),
         ({**MC, "timestamp": "soon"}, "line 3: 'timestamp' must be a finite number"),
         # json.dumps writes float("inf") as the non-standard Infinity, which json.loads reads
         ({**MC, "timestamp": float("inf")}, "line 3: 'timestamp' must be a finite number"),

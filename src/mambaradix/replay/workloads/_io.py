@@ -86,10 +86,12 @@ class Fields:
             raise self.error(f"missing field {key!r}")
         return self.obj[key]
 
-    def integer(self, key: str, minimum: int = 0) -> int:
+    def integer(self, key: str, minimum: int = 0, maximum: int | None = None) -> int:
         v = self.get(key)
         if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
             raise self.error(f"{key!r} must be an integer >= {minimum}, got {v!r}")
+        if maximum is not None and v > maximum:
+            raise self.error(f"{key!r} must be at most {maximum:,}, got {v!r}")
         return v
 
     def number(self, key: str) -> float:

@@ -29,6 +29,10 @@ from ..trace import Trace, TraceRequest
 from ._io import Fields, PathLike, TraceFormatError, data_file, json_lines
 
 BLOCK_TOKENS = 512
+# Output ids are made, one per unit, when the trace loads: a typo such as 1e18 would
+# take all memory. 2**24 units (8.6 billion tokens in 512-token blocks) is far beyond
+# any answer and still only 134 MB of ids.
+MAX_OUTPUT_UNITS = 1 << 24
 BUNDLED_FILE = ("mooncake", "conversation_trace.jsonl.gz")
 BUNDLED_SOURCE = (
     "Mooncake FAST'25 conversation_trace.jsonl (kvcache-ai/Mooncake@3b5a594, "
@@ -48,7 +52,7 @@ def _parse_row(path: PathLike, line: int, obj: dict[str, object], block: int, ch
     row = _Row(
         f.number("timestamp") / 1000.0,
         f.integer("input_length", minimum=1),
-        f.integer("output_length"),
+        f.integer("output_length", maximum=MAX_OUTPUT_UNITS * block),
         f.int_array("hash_ids", nonempty=True),
     )
     n = len(row.hash_ids)
