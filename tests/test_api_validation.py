@@ -524,3 +524,37 @@ def test_serving_config_takes_numpy_ints_as_ints() -> None:
         k: v for k, v in want.items() if k not in wall
     }
     json.dumps(got)
+
+
+POLICY_BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("marconi", {"alpha": -1.0}, ValueError, "alpha must be a finite number >= 0 or None"),
+    ("marconi", {"alpha": NAN}, ValueError, "alpha must be a finite number >= 0 or None"),
+    ("marconi", {"alpha": INF}, ValueError, "alpha must be a finite number >= 0 or None"),
+    ("marconi", {"alpha": True}, TypeError, "alpha must be a finite number >= 0 or None"),
+    ("marconi", {"alpha": "0.5"}, TypeError, "alpha must be a finite number >= 0 or None"),
+    ("marconi", {"bootstrap_multiplier": -1}, ValueError, "bootstrap_multiplier must be an int"),
+    ("marconi", {"bootstrap_multiplier": 2.5}, TypeError, "bootstrap_multiplier must be an int"),
+    ("mambaradix", {"prior": -1.0}, ValueError, "prior must be a finite number >= 0"),
+    ("mambaradix", {"prior": NAN}, ValueError, "prior must be a finite number >= 0"),
+    ("mambaradix", {"prior": "1"}, TypeError, "prior must be a finite number >= 0"),
+    ("mambaradix", {"sample": -3}, ValueError, "sample must be an int >= 0"),
+    ("mambaradix", {"sample": 1.5}, TypeError, "sample must be an int >= 0"),
+    ("mambaradix", {"classes": "no"}, TypeError, "classes must be a bool, got str"),
+    ("mambaradix", {"admission": 0}, TypeError, "admission must be a bool, got int"),
+    ("mambaradix", {"bogus": 1}, TypeError, "unknown setting bogus; choose from prior"),
+]
+
+
+@pytest.mark.parametrize("name, kwargs, exc, message", POLICY_BAD)
+def test_policy_parameters(
+    name: str, kwargs: dict[str, Any], exc: type[Exception], message: str
+) -> None:
+    # Refused when the policy is built, before it runs anything, naming the parameter.
+    with pytest.raises(exc, match="^" + message):
+        make_policy(name, **kwargs)
+
+
+def test_policy_parameters_at_their_edges_are_taken() -> None:
+    assert make_policy("marconi", alpha=0).alpha == 0.0  # type: ignore[attr-defined]
+    assert make_policy("marconi", bootstrap_multiplier=0).bootstrap == 0  # type: ignore[attr-defined]
+    assert make_policy("mambaradix", prior=0.0, sample=0).settings.sample == 0  # type: ignore[attr-defined]
