@@ -147,6 +147,31 @@ SWEEP_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
         ValueError,
         r"policies: marconi-oracle \(a run per alpha\) is not run over instances",
     ),
+    # The cluster's routers and spec, checked before any cell runs (they were found
+    # only inside the first cluster cell, or never: [] ran no router, a repeat ran twice).
+    (
+        {"routers": ["nope"], "cluster": ClusterSpec(2)},
+        ValueError,
+        "routers: unknown router nope; choose from round-robin",
+    ),
+    ({"routers": [], "cluster": ClusterSpec(2)}, TypeError, "routers must be a non-empty list"),
+    ({"routers": "hybrid", "cluster": ClusterSpec(2)}, TypeError, "routers must be a non-empty"),
+    (
+        {"routers": ["hybrid", "hybrid"], "cluster": ClusterSpec(2)},
+        ValueError,
+        "routers: 'hybrid' is given twice",
+    ),
+    ({"routers": ["hybrid"], "cluster": 2}, TypeError, "cluster must be a ClusterSpec, got int"),
+    (
+        {
+            "policies": ["sglang-extra-buffer"],
+            "base": ServingConfig(1.0, page_size=16),
+            "routers": ["hybrid"],
+            "cluster": ClusterSpec(2, block_tokens=24),
+        },
+        ValueError,
+        "cluster: block_tokens 24 must be a multiple of the tree's 16-token page",
+    ),
 ]
 
 
@@ -163,6 +188,26 @@ def test_sweep_entry(kw: dict[str, Any], exc: type[Exception], says: str) -> Non
     }
     with pytest.raises(exc, match=f"^{says}"):
         sweep(**{**args, **kw})
+
+
+def test_sweep_checks_the_cluster_before_any_cell_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mambaradix.replay.sweep as sweep_module
+
+    def no_run(*args: object) -> None:
+        raise AssertionError("a cell ran")
+
+    monkeypatch.setattr(sweep_module, "_run", no_run)
+    with pytest.raises(ValueError, match="^routers: unknown router nope"):
+        sweep(
+            tiny_trace(),
+            get_profile("marconi-7b"),
+            ["sglang"],
+            [1.0],
+            ServingConfig(1.0),
+            progress=False,
+            routers=["round-robin", "nope"],
+            cluster=ClusterSpec(2),
+        )
 
 
 def test_model_profile_still_checks_its_fields() -> None:

@@ -109,6 +109,33 @@ def check_paged(policies: list[str], trace: Trace, cfg: ServingConfig, name: str
         )
 
 
+def check_cluster(
+    routers: object, cluster: object, trace: Trace, cfg: ServingConfig
+) -> list[str] | None:
+    """Known routers without repeats, a `ClusterSpec`, and a router block of
+    whole pages of the tree (`cluster.py`); both None for a plain sweep."""
+    from mambaradix.replay.cluster import ClusterSpec
+    from mambaradix.replay.routers import ROUTERS
+    from mambaradix.replay.serving import page_units
+
+    if routers is None and cluster is None:
+        return None
+    names = _str_list(routers, "routers")
+    if unknown := [r for r in names if r not in ROUTERS]:
+        raise ValueError(
+            f"routers: unknown router {', '.join(unknown)}; choose from {', '.join(ROUTERS)}"
+        )
+    as_type(cluster, ClusterSpec, "cluster")
+    assert isinstance(cluster, ClusterSpec)
+    block = cluster.block_tokens
+    page = page_units(cfg.page_size, trace.unit_tokens) * trace.unit_tokens
+    if block is not None and block % page:
+        raise ValueError(
+            f"cluster: block_tokens {block} must be a multiple of the tree's {page}-token page"
+        )
+    return names
+
+
 def check_reals(
     values: object, name: str, *, low: float, high: float | None = None, open_: bool = True
 ) -> list[float]:
