@@ -603,3 +603,32 @@ def test_policy_parameters_at_their_edges_are_taken() -> None:
     assert make_policy("marconi", alpha=0).alpha == 0.0  # type: ignore[attr-defined]
     assert make_policy("marconi", bootstrap_multiplier=0).bootstrap == 0  # type: ignore[attr-defined]
     assert make_policy("mambaradix", prior=0.0, sample=0).settings.sample == 0  # type: ignore[attr-defined]
+
+
+CLUSTER_REPLAY_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"trace": []}, TypeError, "trace must be a Trace, got list"),
+    ({"cfg": 1.0}, TypeError, "cfg must be a ServingConfig, got float"),
+    ({"policy": "nope"}, ValueError, "policy: unknown policy nope; choose from sglang"),
+    ({"policy": "marconi-oracle"}, ValueError, r"policy: marconi-oracle \(a run per alpha\)"),
+    ({"router": "nope"}, ValueError, "router: unknown router nope"),
+    ({"spec": 2}, TypeError, "spec must be a ClusterSpec, got int"),
+    ({"cfg": ServingConfig(0.001)}, ValueError, "memory_gb 0.001 GB holds"),
+]
+
+
+@pytest.mark.parametrize(("kw", "exc", "says"), CLUSTER_REPLAY_BAD)
+def test_cluster_replay_entry(kw: dict[str, Any], exc: type[Exception], says: str) -> None:
+    # cluster_replay is public (its __all__): it checks what replay() checks, before any
+    # instance is built (it crashed with AttributeError / KeyError deep inside).
+    from mambaradix.replay.cluster import cluster_replay
+
+    args: dict[str, Any] = {
+        "trace": tiny_trace(),
+        "profile": get_profile("marconi-7b"),
+        "policy": "sglang",
+        "cfg": ServingConfig(1.0),
+        "router": "hybrid",
+        "spec": ClusterSpec(2),
+    }
+    with pytest.raises(exc, match=f"^{says}"):
+        cluster_replay(**{**args, **kw})
