@@ -147,6 +147,31 @@ SWEEP_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
         ValueError,
         r"policies: marconi-oracle \(a run per alpha\) is not run over instances",
     ),
+    # The cluster's routers and spec, checked before any cell runs (they were found
+    # only inside the first cluster cell, or never: [] ran no router, a repeat ran twice).
+    (
+        {"routers": ["nope"], "cluster": ClusterSpec(2)},
+        ValueError,
+        "routers: unknown router nope; choose from round-robin",
+    ),
+    ({"routers": [], "cluster": ClusterSpec(2)}, TypeError, "routers must be a non-empty list"),
+    ({"routers": "hybrid", "cluster": ClusterSpec(2)}, TypeError, "routers must be a non-empty"),
+    (
+        {"routers": ["hybrid", "hybrid"], "cluster": ClusterSpec(2)},
+        ValueError,
+        "routers: 'hybrid' is given twice",
+    ),
+    ({"routers": ["hybrid"], "cluster": 2}, TypeError, "cluster must be a ClusterSpec, got int"),
+    (
+        {
+            "policies": ["sglang-extra-buffer"],
+            "base": ServingConfig(1.0, page_size=16),
+            "routers": ["hybrid"],
+            "cluster": ClusterSpec(2, block_tokens=24),
+        },
+        ValueError,
+        "cluster: block_tokens 24 must be a multiple of the tree's 16-token page",
+    ),
 ]
 
 
@@ -163,6 +188,26 @@ def test_sweep_entry(kw: dict[str, Any], exc: type[Exception], says: str) -> Non
     }
     with pytest.raises(exc, match=f"^{says}"):
         sweep(**{**args, **kw})
+
+
+def test_sweep_checks_the_cluster_before_any_cell_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mambaradix.replay.sweep as sweep_module
+
+    def no_run(*args: object) -> None:
+        raise AssertionError("a cell ran")
+
+    monkeypatch.setattr(sweep_module, "_run", no_run)
+    with pytest.raises(ValueError, match="^routers: unknown router nope"):
+        sweep(
+            tiny_trace(),
+            get_profile("marconi-7b"),
+            ["sglang"],
+            [1.0],
+            ServingConfig(1.0),
+            progress=False,
+            routers=["round-robin", "nope"],
+            cluster=ClusterSpec(2),
+        )
 
 
 def test_model_profile_still_checks_its_fields() -> None:
@@ -524,3 +569,66 @@ def test_serving_config_takes_numpy_ints_as_ints() -> None:
         k: v for k, v in want.items() if k not in wall
     }
     json.dumps(got)
+
+
+POLICY_BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("marconi", {"alpha": -1.0}, ValueError, "alpha must be a finite number >= 0 or None"),
+    ("marconi", {"alpha": NAN}, ValueError, "alpha must be a finite number >= 0 or None"),
+    ("marconi", {"alpha": INF}, ValueError, "alpha must be a finite number >= 0 or None"),
+    ("marconi", {"alpha": True}, TypeError, "alpha must be a finite number >= 0 or None"),
+    ("marconi", {"alpha": "0.5"}, TypeError, "alpha must be a finite number >= 0 or None"),
+    ("marconi", {"bootstrap_multiplier": -1}, ValueError, "bootstrap_multiplier must be an int"),
+    ("marconi", {"bootstrap_multiplier": 2.5}, TypeError, "bootstrap_multiplier must be an int"),
+    ("mambaradix", {"prior": -1.0}, ValueError, "prior must be a finite number >= 0"),
+    ("mambaradix", {"prior": NAN}, ValueError, "prior must be a finite number >= 0"),
+    ("mambaradix", {"prior": "1"}, TypeError, "prior must be a finite number >= 0"),
+    ("mambaradix", {"sample": -3}, ValueError, "sample must be an int >= 0"),
+    ("mambaradix", {"sample": 1.5}, TypeError, "sample must be an int >= 0"),
+    ("mambaradix", {"classes": "no"}, TypeError, "classes must be a bool, got str"),
+    ("mambaradix", {"admission": 0}, TypeError, "admission must be a bool, got int"),
+    ("mambaradix", {"bogus": 1}, TypeError, "unknown setting bogus; choose from prior"),
+]
+
+
+@pytest.mark.parametrize("name, kwargs, exc, message", POLICY_BAD)
+def test_policy_parameters(
+    name: str, kwargs: dict[str, Any], exc: type[Exception], message: str
+) -> None:
+    # Refused when the policy is built, before it runs anything, naming the parameter.
+    with pytest.raises(exc, match="^" + message):
+        make_policy(name, **kwargs)
+
+
+def test_policy_parameters_at_their_edges_are_taken() -> None:
+    assert make_policy("marconi", alpha=0).alpha == 0.0  # type: ignore[attr-defined]
+    assert make_policy("marconi", bootstrap_multiplier=0).bootstrap == 0  # type: ignore[attr-defined]
+    assert make_policy("mambaradix", prior=0.0, sample=0).settings.sample == 0  # type: ignore[attr-defined]
+
+
+CLUSTER_REPLAY_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"trace": []}, TypeError, "trace must be a Trace, got list"),
+    ({"cfg": 1.0}, TypeError, "cfg must be a ServingConfig, got float"),
+    ({"policy": "nope"}, ValueError, "policy: unknown policy nope; choose from sglang"),
+    ({"policy": "marconi-oracle"}, ValueError, r"policy: marconi-oracle \(a run per alpha\)"),
+    ({"router": "nope"}, ValueError, "router: unknown router nope"),
+    ({"spec": 2}, TypeError, "spec must be a ClusterSpec, got int"),
+    ({"cfg": ServingConfig(0.001)}, ValueError, "memory_gb 0.001 GB holds"),
+]
+
+
+@pytest.mark.parametrize(("kw", "exc", "says"), CLUSTER_REPLAY_BAD)
+def test_cluster_replay_entry(kw: dict[str, Any], exc: type[Exception], says: str) -> None:
+    # cluster_replay is public (its __all__): it checks what replay() checks, before any
+    # instance is built (it crashed with AttributeError / KeyError deep inside).
+    from mambaradix.replay.cluster import cluster_replay
+
+    args: dict[str, Any] = {
+        "trace": tiny_trace(),
+        "profile": get_profile("marconi-7b"),
+        "policy": "sglang",
+        "cfg": ServingConfig(1.0),
+        "router": "hybrid",
+        "spec": ClusterSpec(2),
+    }
+    with pytest.raises(exc, match=f"^{says}"):
+        cluster_replay(**{**args, **kw})

@@ -497,3 +497,23 @@ def test_random_traces_keep_every_instance_consistent() -> None:
         c.run()
         for m in c.models:
             m.cache.check_conservation()
+
+
+def test_a_huge_overlap_weight_still_ranks_by_prefill_work() -> None:
+    # Weight 1e308 (finite, accepted): prefill work dominates, so instance 1 (80 tokens to
+    # prefill) beats instance 0 (100 queued + 80). In floats both costs overflow to inf and
+    # the tie went to instance 0; the rule compared exactly picks 1, as any weight > 0 does.
+    view = View([Load(1, 0, 100, 0), IDLE], [Overlap(0, 0, 0)] * 2, usable_now=[0, 0])
+    for router in (KVOverlap(1e308), Hybrid(1e308), Oracle(1e308), Hybrid(2.0)):
+        assert router.route(PROMPT80, view) == Route(1, 0)
+    # A tiny weight: the decode tokens dominate (0 vs 40); prefill only breaks their tie.
+    view = View([IDLE, Load(0, 1, 0, 40), IDLE], [Overlap(0, 0, 0)] * 3, usable_now=[0] * 3)
+    view.loads[0] = Load(1, 0, 5, 0)
+    assert Hybrid(1e-300).route(PROMPT80, view) == Route(2, 0)
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), -1.0, True, "1"])
+def test_cost_routers_refuse_a_bad_weight(weight: Any) -> None:
+    for name in ("kv-overlap", "hybrid", "oracle"):
+        with pytest.raises((TypeError, ValueError), match="^weight must be a finite number >= 0"):
+            make_router(name, weight)

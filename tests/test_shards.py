@@ -329,3 +329,16 @@ def test_cli_merge_checks_its_json_output_first(
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert err.startswith(f"mambaradix merge: error: --json {tmp_path / where}")
     assert (tmp_path / "a_fifo").is_fifo() and (tmp_path / "a_file").read_text() == "x"
+
+
+def test_cli_router_block_must_fit_the_page(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A token trace at --page-size 16: the tree's page is 16 tokens, so a 24-token router
+    # block cannot be announced; refused before the sweep (exit 2), not a failed run.
+    common = ["replay", "--trace", str(tiny), "--memory", "1", "--page-size", "16"]
+    common += ["--policy", "sglang-extra-buffer", "--instances", "2", "--no-progress"]
+    assert cli(*common, "--router-block", "24") == 2
+    assert one_error_line(capsys) == (
+        "mambaradix replay: error: --router-block must be a multiple of the tree's "
+        "16-token page (--page-size), got 24"
+    )
+    assert cli(*common, "--router-block", "32", "--router", "hybrid") == 0

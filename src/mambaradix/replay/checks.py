@@ -109,6 +109,40 @@ def check_paged(policies: list[str], trace: Trace, cfg: ServingConfig, name: str
         )
 
 
+def check_cluster(
+    routers: object,
+    cluster: object,
+    trace: Trace,
+    cfg: ServingConfig,
+    names: tuple[str, str] = ("routers", "cluster"),
+) -> list[str] | None:
+    """Known routers without repeats, a `ClusterSpec`, and a router block of
+    whole pages of the tree (`cluster.py`); both None for a plain sweep.
+    `names`: the two parameters as the caller calls them."""
+    from mambaradix.replay.cluster import ClusterSpec
+    from mambaradix.replay.routers import ROUTERS
+    from mambaradix.replay.serving import page_units
+
+    if routers is None and cluster is None:
+        return None
+    routers_name, cluster_name = names
+    known = _str_list(routers, routers_name)
+    if unknown := [r for r in known if r not in ROUTERS]:
+        raise ValueError(
+            f"{routers_name}: unknown router {', '.join(unknown)}; choose from {', '.join(ROUTERS)}"
+        )
+    as_type(cluster, ClusterSpec, cluster_name)
+    assert isinstance(cluster, ClusterSpec)
+    block = cluster.block_tokens
+    page = page_units(cfg.page_size, trace.unit_tokens) * trace.unit_tokens
+    if block is not None and block % page:
+        raise ValueError(
+            f"{cluster_name}: block_tokens {block} must be a multiple of the tree's "
+            f"{page}-token page"
+        )
+    return known
+
+
 def check_reals(
     values: object, name: str, *, low: float, high: float | None = None, open_: bool = True
 ) -> list[float]:

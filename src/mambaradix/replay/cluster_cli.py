@@ -47,6 +47,7 @@ class ScaleOut:
     shard: Shard | None = None
     executor_url: str | None = None
     executor: Executor | None = field(default=None, repr=False)
+    page_size: int = 1  # --page-size: the router's block must be whole pages
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ScaleOut:
@@ -55,6 +56,7 @@ class ScaleOut:
         from mambaradix.replay.shards import Shard
 
         out = cls(shard=Shard.parse(args.shard) if args.shard is not None else None)
+        out.page_size = args.page_size
         if out.shard is not None and not args.json:
             raise ValueError("--shard needs --json FILE (the shard file for `mambaradix merge`)")
         if args.executor is not None:
@@ -88,6 +90,11 @@ class ScaleOut:
             raise ValueError(
                 f"--router-block must be a multiple of the trace's {trace.unit_tokens}-token "
                 f"blocks, got {block}"
+            )
+        if block is not None and trace.unit_tokens == 1 and block % self.page_size:
+            raise ValueError(
+                f"--router-block must be a multiple of the tree's {self.page_size}-token page "
+                f"(--page-size), got {block}"
             )
 
     def connect(self) -> None:

@@ -33,6 +33,7 @@ more than any engine could reuse; no softmax sampling (Dynamo's default temperat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -130,19 +131,25 @@ class CostRouter(Router):
     """Dynamo's KV router cost (module docstring) over a credited prefix."""
 
     def __init__(self, weight: float = 1.0) -> None:
+        ok = isinstance(weight, int | float) and not isinstance(weight, bool)
+        if not ok or not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"weight must be a finite number >= 0, got {weight!r}")
         self.weight = weight
+        # The cost times q, in integers: exact, so a huge weight cannot overflow
+        # every cost to inf (a tie), and a tie is a tie in real arithmetic.
+        self.p, self.q = float(weight).as_integer_ratio()
 
     def credits(self, request: TraceRequest, view: RouterView) -> list[int]:
         raise NotImplementedError
 
     def route(self, request: TraceRequest, view: RouterView) -> Route:
         credits = self.credits(request, view)
-        best, best_cost = 0, float("inf")
+        best, best_cost = 0, -1
         for k, credit in enumerate(credits):
             load = view.load(k)
             prefill = load.prefill_tokens + max(0, request.input_tokens - credit)
-            cost = self.weight * prefill + load.decode_tokens
-            if cost < best_cost:  # strictly: ties keep the lowest index
+            cost = self.p * prefill + self.q * load.decode_tokens
+            if best_cost < 0 or cost < best_cost:  # strictly: ties keep the lowest index
                 best, best_cost = k, cost
         return Route(best, credits[best])
 

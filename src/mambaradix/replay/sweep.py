@@ -11,6 +11,7 @@ from typing import Any
 from mambaradix.replay.bound import bound_token_hit_rate
 from mambaradix.replay.cells import Cell, build_cells, row_key, run_cell
 from mambaradix.replay.checks import (
+    check_cluster,
     check_inputs,
     check_paged,
     check_policies,
@@ -118,6 +119,7 @@ def _cells(
     if cluster is not None and ORACLE in policies:
         raise ValueError(f"policies: {ORACLE} (a run per alpha) is not run over instances")
     check_paged(policies, trace, base, "policies")
+    routers = check_cluster(routers, cluster, trace, base)
     strategies = {p: policy_strategy(p) for p in policies}
     memories = check_reals(memories, "memories", low=0)
     fractions = [base.state_fraction]

@@ -30,8 +30,9 @@ Every constant is in `constants`, each with an ablation (`ABLATIONS`).
 
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from mambaradix.core.node import TreeNode
@@ -70,6 +71,23 @@ class Settings:
     free_pass: bool = True  # split pools: a free state slot admits without comparing
     sample: int = C.RANK_SAMPLE  # rank a sample of this many (0: every evictable state)
 
+    def __post_init__(self) -> None:
+        prior = self.prior
+        message = f"prior must be a finite number >= 0, got {prior!r}"
+        if isinstance(prior, bool) or not isinstance(prior, int | float):
+            raise TypeError(message)
+        if not math.isfinite(prior) or prior < 0:
+            raise ValueError(message)
+        for name in ("classes", "ages", "sizes", "admission", "prompt_ends", "free_pass"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        k = self.sample
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise TypeError(f"sample must be an int >= 0, got {k!r}")
+        if k < 0:
+            raise ValueError(f"sample must be an int >= 0, got {k!r}")
+
 
 class MambaRadix(Policy):
     """Ours (see the module docstring)."""
@@ -77,6 +95,9 @@ class MambaRadix(Policy):
     name = "mambaradix"
 
     def __init__(self, **settings: Any) -> None:
+        known = [f.name for f in fields(Settings)]
+        if unknown := [k for k in settings if k not in known]:
+            raise TypeError(f"unknown setting {', '.join(unknown)}; choose from {', '.join(known)}")
         self.settings = Settings(**settings)
         self.density = HitDensity(self.settings.prior)
         self.planned: dict[int, dict[int, str]] = {}  # id(req) -> position -> kind
