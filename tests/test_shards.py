@@ -342,3 +342,17 @@ def test_cli_router_block_must_fit_the_page(tiny: Path, capsys: pytest.CaptureFi
         "16-token page (--page-size), got 24"
     )
     assert cli(*common, "--router-block", "32", "--router", "hybrid") == 0
+
+
+def test_cli_instances_beyond_this_machine_are_refused_up_front(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each instance has its own pools (memory each): 10**8 instances of 1 GB make free
+    # lists of tens of terabytes. Refused before any instance is built, naming the
+    # option; the same run with 2 instances goes ahead.
+    common = ["replay", "--trace", str(tiny), "--memory", "1", "--policy", "sglang"]
+    common += ["--router", "round-robin", "--workers", "1", "--no-progress"]
+    assert cli(*common, "--instances", str(10**8)) == 2
+    line = one_error_line(capsys)
+    assert "(100,000,000 --instances, 1 workers)" in line and "bookkeeping needs about" in line
+    assert cli(*common, "--instances", "2") == 0

@@ -317,24 +317,31 @@ def check_sizes(
                 fit = check_memory(trace, profile, cfg, strategies, "--memory")
             except ValueError as e:
                 raise UsageError(f"{e}{at}") from None
-            check_host_memory(trace, profile, cfg, fit.pools, workers)
+            check_host_memory(trace, profile, cfg, fit.pools, workers, args.instances or 1)
 
 
 def check_host_memory(
-    trace: Trace, profile: ModelProfile, cfg: ServingConfig, pools: Pools, workers: int
+    trace: Trace,
+    profile: ModelProfile,
+    cfg: ServingConfig,
+    pools: Pools,
+    workers: int,
+    instances: int = 1,
 ) -> None:
     """The serving model keeps a free list of every KV unit and state: a memory
-    point far beyond what the trace can use could exhaust this machine first."""
+    point far beyond what the trace can use, or very many instances (each has
+    its own pools), could exhaust this machine first."""
     from mambaradix.replay.fit import fit
 
-    need = HOST_BYTES_PER_ID * (pools.kv_units + pools.states) * workers
+    need = HOST_BYTES_PER_ID * (pools.kv_units + pools.states) * workers * instances
     have = available_bytes()
     if have is None or need <= have // 2:
         return
+    each = f"{instances:,} --instances, " if instances > 1 else ""
     raise UsageError(
         f"--memory {cfg.memory_gb:g} GB makes pools of {pools.kv_units:,} KV units and "
         f"{pools.states:,} states, whose bookkeeping needs about {need / 1e9:.1f} GB of this "
-        f"machine's memory ({workers} workers) and only {have / 1e9:.1f} GB is available; "
+        f"machine's memory ({each}{workers} workers) and only {have / 1e9:.1f} GB is available; "
         f"the largest request of this trace is served alone in about "
         f"{fit(trace, profile, replace(cfg, memory_gb=1.0), 2).gb_for_largest:g} GB"
     )
