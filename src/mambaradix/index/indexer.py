@@ -106,8 +106,9 @@ class Indexer:
     def __init__(self, block_size: int, hybrid: bool = True) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        _check_hybrid(hybrid)
         self.block_size = block_size
-        self.default_hybrid = bool(hybrid)
+        self.default_hybrid = hybrid
         self._root = _Block(None, b"")
         self._workers: dict[int, _Worker] = {}
 
@@ -117,10 +118,12 @@ class Indexer:
         """Register a worker (done implicitly by its first event). `hybrid=False`: an
         attention-only model, whose every cached block end is usable."""
         _check_worker_id(worker_id)
+        if hybrid is not None:
+            _check_hybrid(hybrid)
         if worker_id in self._workers:
             raise ValueError(f"worker {worker_id} is already registered")
         self._workers[worker_id] = _Worker(
-            worker_id, self.default_hybrid if hybrid is None else bool(hybrid)
+            worker_id, self.default_hybrid if hybrid is None else hybrid
         )
 
     def remove_worker(self, worker_id: int) -> None:
@@ -159,6 +162,8 @@ class Indexer:
 
     def apply(self, worker_id: int, events: Iterable[Event]) -> None:
         """Apply a worker's events, oldest first (registers the worker if new)."""
+        if not isinstance(events, Iterable):
+            raise TypeError(f"events must be an iterable of events, got {type(events).__name__}")
         w = self._workers.get(worker_id)
         if w is None:
             self.add_worker(worker_id)
@@ -266,6 +271,10 @@ class Indexer:
 
     def query(self, token_ids: Any) -> dict[int, Overlap]:
         """Per registered worker, what it holds of the prompt `token_ids`."""
+        if isinstance(token_ids, (Mapping, AbstractSet)):  # no order: not a prompt
+            raise TypeError(f"token_ids must be a sequence, got {type(token_ids).__name__}")
+        if isinstance(token_ids, (bytes, bytearray)):  # array() would read raw memory
+            token_ids = list(token_ids)
         try:
             tokens = array("q", token_ids)
         except (TypeError, OverflowError):
@@ -326,6 +335,11 @@ class Indexer:
 
 def _skip(w: _Worker, why: str) -> None:
     w.skipped[why] = w.skipped.get(why, 0) + 1
+
+
+def _check_hybrid(hybrid: Any) -> None:
+    if not isinstance(hybrid, bool):
+        raise TypeError(f"hybrid must be a bool, got {hybrid!r}")
 
 
 def _check_worker_id(worker_id: Any) -> None:
