@@ -401,3 +401,46 @@ def test_bad_addresses_leave_nothing_behind() -> None:
     with pytest.raises(ValueError, match="buffer_steps"):
         ZmqPublisher(LOOPBACK, buffer_steps=0)
     sub.close()
+
+
+def _terminates(ctx: zmq.Context[zmq.Socket[bytes]]) -> bool:
+    """Whether `ctx` terminates: it does not while any of its sockets is open."""
+    done = threading.Thread(target=ctx.term, daemon=True)
+    done.start()
+    done.join(timeout=2.0)
+    return not done.is_alive()
+
+
+def test_bad_arguments_name_themselves_and_leak_no_socket() -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    ix = Indexer(B)
+    sub = ZmqSubscriber(ix, context=ctx)
+    with pytest.raises(ValueError, match="worker_id"):
+        sub.add(-1, "tcp://127.0.0.1:1", "tcp://127.0.0.1:2")
+    assert sub.feeds == {} and ix.worker_ids() == []
+    for bad in (-1.0, float("nan"), float("inf"), "1"):
+        with pytest.raises((TypeError, ValueError), match="timeout_s"):
+            sub.poll(bad)  # type: ignore[arg-type]
+        with pytest.raises((TypeError, ValueError), match="timeout_s"):
+            ZmqSubscriber(ix, timeout_s=bad, context=ctx)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="indexer"):
+        ZmqSubscriber(None, context=ctx)  # type: ignore[arg-type]
+    for kw, name in (
+        ({"topic": 5}, "topic"),
+        ({"rank": "0"}, "rank"),
+        ({"snapshot": 5}, "snapshot"),
+    ):
+        with pytest.raises((TypeError, ValueError), match=name):
+            ZmqPublisher(LOOPBACK, context=ctx, **kw)  # type: ignore[arg-type]
+    sub.close()
+    assert _terminates(ctx)
+
+
+def test_serve_replay_waits_a_bounded_time() -> None:
+    pub = ZmqPublisher(LOOPBACK, LOOPBACK)
+    try:
+        for bad in (-1.0, float("nan"), float("inf"), "1"):  # -1 was ZMQ's "wait forever"
+            with pytest.raises((TypeError, ValueError), match="timeout_s"):
+                pub.serve_replay(bad)  # type: ignore[arg-type]
+    finally:
+        pub.close()

@@ -117,7 +117,7 @@ class Indexer:
     def add_worker(self, worker_id: int, hybrid: bool | None = None) -> None:
         """Register a worker (done implicitly by its first event). `hybrid=False`: an
         attention-only model, whose every cached block end is usable."""
-        _check_worker_id(worker_id)
+        check_worker_id(worker_id)
         if hybrid is not None:
             _check_hybrid(hybrid)
         if worker_id in self._workers:
@@ -342,6 +342,6 @@ def _check_hybrid(hybrid: Any) -> None:
         raise TypeError(f"hybrid must be a bool, got {hybrid!r}")
 
 
-def _check_worker_id(worker_id: Any) -> None:
+def check_worker_id(worker_id: Any) -> None:
     if isinstance(worker_id, bool) or not isinstance(worker_id, int) or worker_id < 0:
         raise ValueError(f"worker_id must be an int >= 0, got {worker_id!r}")
