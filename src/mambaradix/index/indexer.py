@@ -82,12 +82,15 @@ class _Block:
 
 
 class _Worker:
-    __slots__ = ("id", "hybrid", "blocks", "pending_states", "group_kinds", "skipped")
+    __slots__ = ("id", "hybrid", "blocks", "aliases", "pending_states", "group_kinds", "skipped")
 
     def __init__(self, worker_id: int, hybrid: bool) -> None:
         self.id = worker_id
         self.hybrid = hybrid
         self.blocks: dict[int, _Block] = {}  # the worker's block hash -> trie node
+        # node -> how many more of the worker's hashes name it (vLLM's extra keys give
+        # the same tokens other hashes): it is held until the last one is removed
+        self.aliases: dict[_Block, int] = {}
         self.pending_states: set[int] = set()  # states announced before their KV
         self.group_kinds: dict[int, str] = {}  # group_idx -> kv_cache_spec_kind
         self.skipped: dict[str, int] = {}  # why events were not applied, and how often
@@ -136,6 +139,7 @@ class Indexer:
         for node in w.blocks.values():
             self._drop(w.id, node)
         w.blocks.clear()
+        w.aliases.clear()
         w.pending_states.clear()
 
     def worker_ids(self) -> list[int]:
@@ -224,8 +228,11 @@ class Indexer:
             if node is None:
                 node = parent.add_child(key)
             old = blocks.get(h)
-            if old is not None and old is not node:
-                self._drop(wid, old)
+            if old is not node:
+                if old is not None:
+                    self._release(w, old)
+                if wid in node.kv:
+                    w.aliases[node] = w.aliases.get(node, 0) + 1
             blocks[h] = node
             node.kv.add(wid)
             if pending and h in pending:
@@ -247,7 +254,7 @@ class Indexer:
                 w.pending_states.discard(h)
                 gone = w.blocks.pop(h, None)
                 if gone is not None:
-                    self._drop(w.id, gone)
+                    self._release(w, gone)
 
     def _role(self, w: _Worker, group: int | None, kind: str | None) -> str:
         if kind is None and group is not None:
@@ -258,12 +265,27 @@ class Indexer:
             return _KV
         return _STATE if kind in STATE_KINDS else _OTHER
 
+    def _release(self, w: _Worker, node: _Block) -> None:
+        """One of the worker's hashes for `node` is gone: drop it if that was the last."""
+        more = w.aliases.pop(node, 0)
+        if more > 1:
+            w.aliases[node] = more - 1
+        elif not more:
+            self._drop(w.id, node)
+
     def _drop(self, worker_id: int, node: _Block) -> None:
-        """Take the worker off `node`, then prune nodes nobody holds."""
+        """Take the worker off `node`, then prune nodes nobody holds (a node met twice,
+        under two hashes, is pruned once)."""
         node.kv.discard(worker_id)
         node.drop_state(worker_id)
         x: _Block | None = node
-        while x is not None and x.parent is not None and not x.kv and not x.children:
+        while (
+            x is not None
+            and x.parent is not None
+            and not x.kv
+            and not x.children
+            and x.parent.children.get(x.key) is x
+        ):
             del cast(dict[bytes, _Block], x.parent.children)[x.key]
             x = x.parent
 
