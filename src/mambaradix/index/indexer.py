@@ -19,7 +19,9 @@ kind, as SGLang sends, in group 0 or no group) places KV blocks; of kind "mamba"
 states. A block whose parent the worker never stored is not placed (and not credited).
 Only device blocks count (`medium` GPU or unset). A removal names a group; its kind is
 the one that group's stores carried, and a removal of an unknown group drops both the
-KV and the state. Removing a block's KV also drops the worker's state there.
+KV and the state. Removing a block's KV also drops the worker's state there. One
+block (parent and tokens) stored under several hashes (vLLM adds extra keys, an image's
+hash, to a block's) is held until every one of them is removed.
 """
 
 from __future__ import annotations
