@@ -130,11 +130,14 @@ class ZmqSubscriber:
             if request is None:
                 continue
             dealer = self._replay.get(worker_id)
-            if dealer is None:
+            try:
+                if dealer is None:
+                    raise zmq.Again
+                # never blocks: with nobody reading, requests fill the queue (SNDHWM)
+                dealer.send_multipart([b"", request], zmq.NOBLOCK)
+            except zmq.Again:
                 with self._lock:
                     feed.replay_ended(time.monotonic())  # nobody to ask
-            else:
-                dealer.send_multipart([b"", request])
 
     def close(self) -> None:
         for sock in self._by_socket:
