@@ -180,3 +180,19 @@ def test_array_layout_with_vllm_fields_keeps_the_groups() -> None:
 def test_only_events_are_encoded(fmt: str) -> None:
     with pytest.raises(TypeError, match="events must be"):
         encode_batch([AllBlocksCleared(), "BlockRemoved"], fmt)  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    ("kw", "name"),
+    [
+        ({"ts": "now"}, "ts"),
+        ({"ts": float("nan")}, "ts"),
+        ({"rank": "0"}, "rank"),
+        ({"rank": -1}, "rank"),
+        ({"rank": True}, "rank"),
+    ],
+)
+def test_bad_batch_fields_are_refused(kw: dict[str, object], name: str) -> None:
+    # Encoded as they were, the indexer would refuse such a batch (a str ts) or lose its rank.
+    with pytest.raises((TypeError, ValueError), match=name):
+        encode_batch([AllBlocksCleared()], "vllm", **kw)  # type: ignore[arg-type]

@@ -137,3 +137,45 @@ def test_bad_input() -> None:
         ix.dump(2)
     ix.apply(1, [kv([1], None, [1, "x"])])  # a bad event from a caller is skipped, not raised
     assert ix.worker_info(1)["skipped"] == {"token_ids not int64": 1}
+
+
+def test_bad_calls_name_the_parameter_and_change_nothing() -> None:
+    with pytest.raises(TypeError, match="hybrid"):
+        Indexer(2, hybrid="no")  # type: ignore[arg-type]
+    ix = Indexer(2)
+    with pytest.raises(TypeError, match="hybrid"):
+        ix.add_worker(1, hybrid="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="events"):
+        ix.apply(2, None)  # type: ignore[arg-type]
+    assert ix.worker_ids() == []  # neither call registered a worker
+    for prompt in ({1: 2, 3: 4}, {1, 2}):
+        with pytest.raises(TypeError, match="token_ids"):
+            ix.query(prompt)
+
+
+def test_a_bytes_prompt_is_its_byte_values() -> None:
+    ix = Indexer(2)
+    ix.apply(1, [kv([1, 2], None, [1, 2, 3, 4])])
+    want = Overlap(4, 0, 4)  # by hand: both blocks held, no state
+    assert ix.query(bytes([1, 2, 3, 4, 5]))[1] == want
+    assert ix.query(bytearray([1, 2, 3, 4, 5]))[1] == want
+
+
+def test_one_block_under_two_hashes() -> None:
+    """vLLM names a block by its tokens and extra keys (an image's hash): one parent and
+    the same tokens can come under two hashes. The block is held until both are removed."""
+    ix = Indexer(2)
+    ix.apply(1, [kv([10], None, [1, 2]), kv([11], 10, [3, 4]), kv([12], 10, [3, 4])])
+    ix.apply(1, [BlockRemoved((11,))])
+    assert ix.query(PROMPT)[1].longest_matched == 4  # still held under 12
+    ix.apply(1, [BlockRemoved((12,))])
+    assert ix.query(PROMPT)[1].longest_matched == 2
+    ix.apply(1, [kv([13], 10, [3, 4]), kv([14], 10, [3, 4])])
+    ix.clear_worker(1)  # each trie node dropped once
+    assert ix.query(PROMPT)[1].longest_matched == 0
+    ix.apply(1, [kv([10], None, [1, 2]), kv([11], 10, [3, 4]), kv([12], 10, [3, 4])])
+    ix.apply(1, [kv([11], None, [5, 6])])  # 11 now names another block: 12 still holds [3, 4]
+    assert ix.query(PROMPT)[1].longest_matched == 4
+    ix.apply(1, [BlockRemoved((12,)), BlockRemoved((10,))])
+    assert ix.query(PROMPT)[1].longest_matched == 0
+    assert ix.query([5, 6, 0])[1].longest_matched == 2

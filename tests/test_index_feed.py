@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 import msgspec
+import pytest
 from hypothesis import given, settings
 
 from mambaradix import MambaRadixCache
@@ -240,3 +241,16 @@ def test_never_over_credits_and_catches_up(
         assert f.last == len(payloads) - 1
         for q in probes:
             assert ix.query(q)[0] == want.query(q)[0], q
+
+
+def test_bad_settings_name_the_parameter() -> None:
+    ix = Indexer(2)
+    for kw, name in (
+        ({"max_held": 0}, "max_held"),
+        ({"timeout_s": -1.0}, "timeout_s"),
+        ({"timeout_s": float("inf")}, "timeout_s"),  # a wait that never ends
+        ({"timeout_s": float("nan")}, "timeout_s"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            WorkerFeed(ix, 1, **kw)  # type: ignore[arg-type]
+    assert ix.worker_ids() == []

@@ -18,13 +18,18 @@ each cut short and extended by an unseen token):
 
 Namespaced keys are never announced, so they are never credited (the oracle, a match
 without a namespace, does not see them either).
+
+`test_several_workers_at_real_page_sizes` checks the same at page sizes 16 and 64, with
+three trees behind one indexer (one worker each), in plain seeded random runs.
 """
 
 from __future__ import annotations
 
 import os
+import random
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -196,3 +201,56 @@ TestDefaultPage1Block3 = _machine(None, 1, 3).TestCase
 TestDefaultPage2Block4 = _machine(None, 2, 4).TestCase
 TestSglangPage1Block2 = _machine("sglang", 1, 2).TestCase
 TestSglangPage2Block2 = _machine("sglang", 2, 2).TestCase
+
+
+# ------------------------------------------------ real page sizes, several workers
+
+
+def _brute(tree: MambaRadixCache, q: list[int], size: int) -> tuple[int, int]:
+    """The tree's contiguous KV and usable prefix for `q`, at block granularity."""
+    kv = tree.match_prefix(q).kv_hit_len // size * size
+    for p in range((len(q) - 1) // size * size, 0, -size):
+        if tree.match_prefix(q[:p]).prefix_len == p:
+            return kv, p
+    return kv, 0
+
+
+@pytest.mark.parametrize("compat", [None, "sglang"])
+@pytest.mark.parametrize(("page", "mult"), [(16, 1), (16, 2), (64, 1)])
+def test_several_workers_at_real_page_sizes(compat: str | None, page: int, mult: int) -> None:
+    """Three trees, one indexer fed their vLLM streams (one worker each); random inserts
+    sharing prefixes, locks, matches, evictions and resets; after every step each
+    worker's answer for every probe equals its own tree's (`_brute`)."""
+    rng, size, workers = random.Random(page * 10 + mult), page * mult, 3
+    trees = [MambaRadixCache(page_size=page, chunk_size=4 * page, compat=compat) for _ in "abc"]
+    emitters = [EventEmitter(t, size) for t in trees]
+    ix = Indexer(size)
+    keys: list[list[int]] = []
+    locks: list[tuple[int, LockReceipt]] = []
+    for step in range(40):
+        w = rng.randrange(workers)
+        tree, op = trees[w], rng.choice(["insert", "insert", "lock", "unlock", "evict", "reset"])
+        if op == "insert" or not keys:
+            head = rng.choice(keys)[: rng.randrange(4) * page] if keys else []
+            key = head + [rng.randrange(2) for _ in range(page * rng.randrange(1, 5))]
+            tree.insert(key, list(range(1000 * step, 1000 * step + len(key))), step)
+            keys = (keys + [key])[-8:]
+        elif op == "lock":
+            locks.append((w, tree.inc_lock_ref(tree.match_prefix(rng.choice(keys)).node)))
+        elif op == "unlock" and locks:
+            owner, receipt = locks.pop(rng.randrange(len(locks)))
+            trees[owner].dec_lock_ref(receipt)
+        elif op == "evict":
+            tree.evict(kv_tokens=rng.randrange(1, 3 * size), states=rng.randrange(2))
+        elif op == "reset" and not any(owner == w for owner, _ in locks):
+            tree.reset()
+        ix.apply(w, decode_batch(encode_batch(emitters[w].take(), "vllm")).events)
+        probes = [
+            k[:cut] + [7] * extra for k in keys for cut in (len(k), len(k) // 2) for extra in (0, 1)
+        ]
+        for q in probes:
+            got = ix.query(q)
+            for v, t in enumerate(trees):
+                o = got.get(v)
+                have = (0, 0) if o is None else (o.longest_matched, o.usable)
+                assert have == _brute(t, q, size), (step, v, q)

@@ -401,3 +401,77 @@ def test_bad_addresses_leave_nothing_behind() -> None:
     with pytest.raises(ValueError, match="buffer_steps"):
         ZmqPublisher(LOOPBACK, buffer_steps=0)
     sub.close()
+
+
+def _terminates(ctx: zmq.Context[zmq.Socket[bytes]]) -> bool:
+    """Whether `ctx` terminates: it does not while any of its sockets is open."""
+    done = threading.Thread(target=ctx.term, daemon=True)
+    done.start()
+    done.join(timeout=2.0)
+    return not done.is_alive()
+
+
+def test_bad_arguments_name_themselves_and_leak_no_socket() -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    ix = Indexer(B)
+    sub = ZmqSubscriber(ix, context=ctx)
+    with pytest.raises(ValueError, match="worker_id"):
+        sub.add(-1, "tcp://127.0.0.1:1", "tcp://127.0.0.1:2")
+    assert sub.feeds == {} and ix.worker_ids() == []
+    for bad in (-1.0, float("nan"), float("inf"), "1"):
+        with pytest.raises((TypeError, ValueError), match="timeout_s"):
+            sub.poll(bad)  # type: ignore[arg-type]
+        with pytest.raises((TypeError, ValueError), match="timeout_s"):
+            ZmqSubscriber(ix, timeout_s=bad, context=ctx)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="indexer"):
+        ZmqSubscriber(None, context=ctx)  # type: ignore[arg-type]
+    for kw, name in (
+        ({"topic": 5}, "topic"),
+        ({"rank": "0"}, "rank"),
+        ({"snapshot": 5}, "snapshot"),
+    ):
+        with pytest.raises((TypeError, ValueError), match=name):
+            ZmqPublisher(LOOPBACK, context=ctx, **kw)  # type: ignore[arg-type]
+    sub.close()
+    assert _terminates(ctx)
+
+
+def test_serve_replay_waits_a_bounded_time() -> None:
+    pub = ZmqPublisher(LOOPBACK, LOOPBACK)
+    try:
+        for bad in (-1.0, float("nan"), float("inf"), "1"):  # -1 was ZMQ's "wait forever"
+            with pytest.raises((TypeError, ValueError), match="timeout_s"):
+                pub.serve_replay(bad)  # type: ignore[arg-type]
+    finally:
+        pub.close()
+
+
+def test_a_replay_endpoint_nobody_serves_never_blocks(tmp_path: Path) -> None:
+    """Requests to a replay socket nobody binds queue up in ZMQ until its high-water mark
+    (1000 by default; 1 here), after which a blocking send would wait forever."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    ctx.setsockopt(zmq.SNDHWM, 1)  # the default of the sockets made from it
+    prod = Producer(LossyPublisher)
+    LossyPublisher.lose = set(range(1, 40, 2))  # every odd batch: a gap, a request each
+    sub = ZmqSubscriber(Indexer(B), timeout_s=0.01, context=ctx)
+    sub.add(1, prod.pub.endpoint, f"ipc://{tmp_path}/nobody")
+
+    def drive() -> None:
+        for i in range(40):
+            prod.insert(keys(i) + [100 + i] * B)  # a new block: one batch each
+            sub.poll(0.02)
+
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    thread.join(timeout=20.0)
+    LossyPublisher.lose = set()
+    # a socket blocked in another thread must not be closed (libzmq aborts): left behind
+    assert not thread.is_alive(), "the subscriber blocked on a replay request"
+    try:
+        assert sub.feeds[1].counts["replays"] >= 3
+        for q in PROMPTS:  # what arrived is applied, and nothing more
+            got, want = sub.indexer.query(q).get(1), prod.truth.query(q)[1]
+            assert got is not None and got.longest_matched <= want.longest_matched
+    finally:
+        sub.close()
+        prod.pub.close()

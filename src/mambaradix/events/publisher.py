@@ -17,16 +17,27 @@ after publishing the emitter's pending events).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import zmq
 
 from mambaradix.events.model import Event
-from mambaradix.events.wire import FORMATS, encode_batch
+from mambaradix.events.wire import FORMATS, check_rank, encode_batch
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 SNAPSHOT_REQUEST = (-2).to_bytes(8, "big", signed=True)
+
+
+def check_seconds(name: str, value: Any, positive: bool = False) -> None:
+    """A finite number of seconds, >= 0 (> 0 with `positive`): every wait stays bounded."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        low = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be finite and {low} seconds, got {value!r}")
 
 
 class ZmqPublisher:
@@ -47,6 +58,11 @@ class ZmqPublisher:
             raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
         if isinstance(buffer_steps, bool) or not isinstance(buffer_steps, int) or buffer_steps < 1:
             raise ValueError(f"buffer_steps must be a positive int, got {buffer_steps!r}")
+        check_rank(rank)
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str, got {topic!r}")
+        if snapshot is not None and not callable(snapshot):
+            raise TypeError(f"snapshot must be a callable or None, got {snapshot!r}")
         self.fmt, self.rank, self._snapshot = fmt, rank, snapshot
         self._topic = topic.encode()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
@@ -96,6 +112,7 @@ class ZmqPublisher:
     def serve_replay(self, timeout_s: float = 0.0) -> int:
         """Answer the replay requests waiting (or arriving within `timeout_s`); returns
         how many were answered."""
+        check_seconds("timeout_s", timeout_s)
         if self._replay is None:
             return 0
         served = 0

@@ -20,6 +20,7 @@ fields ignored) into `model` events and reports, rather than raises on, bad even
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -116,6 +117,11 @@ def encode_batch(
     """One msgpack `EventBatch` payload, as the engine `fmt` publishes it."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    check_rank(rank)
+    if ts is not None and (
+        isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts)
+    ):
+        raise ValueError(f"ts must be a finite number or None, got {ts!r}")
     when = time.time() if ts is None else ts
     if fmt == "vllm":
         return _encoder.encode(VllmEventBatch(when, [_vllm(e) for e in events], rank))
@@ -123,6 +129,11 @@ def encode_batch(
     for e in events:
         out.extend(_sglang(e))
     return _encoder.encode(SglangEventBatch(when, out, rank))
+
+
+def check_rank(rank: Any) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank must be an int >= 0, got {rank!r}")
 
 
 def _vllm(e: Event) -> VllmKVCacheEvent:

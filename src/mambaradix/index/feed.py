@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 
 from mambaradix.events.model import AllBlocksCleared
-from mambaradix.events.publisher import SNAPSHOT_REQUEST
+from mambaradix.events.publisher import SNAPSHOT_REQUEST, check_seconds
 from mambaradix.events.wire import DecodedBatch, MalformedBatch, decode_batch
 from mambaradix.index.indexer import Indexer
 
@@ -36,6 +36,9 @@ class WorkerFeed:
     def __init__(
         self, indexer: Indexer, worker_id: int, max_held: int = 10_000, timeout_s: float = 2.0
     ) -> None:
+        if isinstance(max_held, bool) or not isinstance(max_held, int) or max_held < 1:
+            raise ValueError(f"max_held must be a positive int, got {max_held!r}")
+        check_seconds("timeout_s", timeout_s, positive=True)
         self.indexer, self.worker_id = indexer, worker_id
         self.max_held, self.timeout_s = max_held, timeout_s
         self.last: int | None = None

@@ -19,7 +19,9 @@ kind, as SGLang sends, in group 0 or no group) places KV blocks; of kind "mamba"
 states. A block whose parent the worker never stored is not placed (and not credited).
 Only device blocks count (`medium` GPU or unset). A removal names a group; its kind is
 the one that group's stores carried, and a removal of an unknown group drops both the
-KV and the state. Removing a block's KV also drops the worker's state there.
+KV and the state. Removing a block's KV also drops the worker's state there. One
+block (parent and tokens) stored under several hashes (vLLM adds extra keys, an image's
+hash, to a block's) is held until every one of them is removed.
 """
 
 from __future__ import annotations
@@ -82,12 +84,15 @@ class _Block:
 
 
 class _Worker:
-    __slots__ = ("id", "hybrid", "blocks", "pending_states", "group_kinds", "skipped")
+    __slots__ = ("id", "hybrid", "blocks", "aliases", "pending_states", "group_kinds", "skipped")
 
     def __init__(self, worker_id: int, hybrid: bool) -> None:
         self.id = worker_id
         self.hybrid = hybrid
         self.blocks: dict[int, _Block] = {}  # the worker's block hash -> trie node
+        # node -> how many more of the worker's hashes name it (vLLM's extra keys give
+        # the same tokens other hashes): it is held until the last one is removed
+        self.aliases: dict[_Block, int] = {}
         self.pending_states: set[int] = set()  # states announced before their KV
         self.group_kinds: dict[int, str] = {}  # group_idx -> kv_cache_spec_kind
         self.skipped: dict[str, int] = {}  # why events were not applied, and how often
@@ -106,8 +111,9 @@ class Indexer:
     def __init__(self, block_size: int, hybrid: bool = True) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        _check_hybrid(hybrid)
         self.block_size = block_size
-        self.default_hybrid = bool(hybrid)
+        self.default_hybrid = hybrid
         self._root = _Block(None, b"")
         self._workers: dict[int, _Worker] = {}
 
@@ -116,11 +122,13 @@ class Indexer:
     def add_worker(self, worker_id: int, hybrid: bool | None = None) -> None:
         """Register a worker (done implicitly by its first event). `hybrid=False`: an
         attention-only model, whose every cached block end is usable."""
-        _check_worker_id(worker_id)
+        check_worker_id(worker_id)
+        if hybrid is not None:
+            _check_hybrid(hybrid)
         if worker_id in self._workers:
             raise ValueError(f"worker {worker_id} is already registered")
         self._workers[worker_id] = _Worker(
-            worker_id, self.default_hybrid if hybrid is None else bool(hybrid)
+            worker_id, self.default_hybrid if hybrid is None else hybrid
         )
 
     def remove_worker(self, worker_id: int) -> None:
@@ -133,6 +141,7 @@ class Indexer:
         for node in w.blocks.values():
             self._drop(w.id, node)
         w.blocks.clear()
+        w.aliases.clear()
         w.pending_states.clear()
 
     def worker_ids(self) -> list[int]:
@@ -159,6 +168,8 @@ class Indexer:
 
     def apply(self, worker_id: int, events: Iterable[Event]) -> None:
         """Apply a worker's events, oldest first (registers the worker if new)."""
+        if not isinstance(events, Iterable):
+            raise TypeError(f"events must be an iterable of events, got {type(events).__name__}")
         w = self._workers.get(worker_id)
         if w is None:
             self.add_worker(worker_id)
@@ -219,8 +230,11 @@ class Indexer:
             if node is None:
                 node = parent.add_child(key)
             old = blocks.get(h)
-            if old is not None and old is not node:
-                self._drop(wid, old)
+            if old is not node:
+                if old is not None:
+                    self._release(w, old)
+                if wid in node.kv:
+                    w.aliases[node] = w.aliases.get(node, 0) + 1
             blocks[h] = node
             node.kv.add(wid)
             if pending and h in pending:
@@ -242,7 +256,7 @@ class Indexer:
                 w.pending_states.discard(h)
                 gone = w.blocks.pop(h, None)
                 if gone is not None:
-                    self._drop(w.id, gone)
+                    self._release(w, gone)
 
     def _role(self, w: _Worker, group: int | None, kind: str | None) -> str:
         if kind is None and group is not None:
@@ -253,12 +267,27 @@ class Indexer:
             return _KV
         return _STATE if kind in STATE_KINDS else _OTHER
 
+    def _release(self, w: _Worker, node: _Block) -> None:
+        """One of the worker's hashes for `node` is gone: drop it if that was the last."""
+        more = w.aliases.pop(node, 0)
+        if more > 1:
+            w.aliases[node] = more - 1
+        elif not more:
+            self._drop(w.id, node)
+
     def _drop(self, worker_id: int, node: _Block) -> None:
-        """Take the worker off `node`, then prune nodes nobody holds."""
+        """Take the worker off `node`, then prune nodes nobody holds (a node met twice,
+        under two hashes, is pruned once)."""
         node.kv.discard(worker_id)
         node.drop_state(worker_id)
         x: _Block | None = node
-        while x is not None and x.parent is not None and not x.kv and not x.children:
+        while (
+            x is not None
+            and x.parent is not None
+            and not x.kv
+            and not x.children
+            and x.parent.children.get(x.key) is x
+        ):
             del cast(dict[bytes, _Block], x.parent.children)[x.key]
             x = x.parent
 
@@ -266,6 +295,10 @@ class Indexer:
 
     def query(self, token_ids: Any) -> dict[int, Overlap]:
         """Per registered worker, what it holds of the prompt `token_ids`."""
+        if isinstance(token_ids, (Mapping, AbstractSet)):  # no order: not a prompt
+            raise TypeError(f"token_ids must be a sequence, got {type(token_ids).__name__}")
+        if isinstance(token_ids, (bytes, bytearray)):  # array() would read raw memory
+            token_ids = list(token_ids)
         try:
             tokens = array("q", token_ids)
         except (TypeError, OverflowError):
@@ -328,6 +361,11 @@ def _skip(w: _Worker, why: str) -> None:
     w.skipped[why] = w.skipped.get(why, 0) + 1
 
 
-def _check_worker_id(worker_id: Any) -> None:
+def _check_hybrid(hybrid: Any) -> None:
+    if not isinstance(hybrid, bool):
+        raise TypeError(f"hybrid must be a bool, got {hybrid!r}")
+
+
+def check_worker_id(worker_id: Any) -> None:
     if isinstance(worker_id, bool) or not isinstance(worker_id, int) or worker_id < 0:
         raise ValueError(f"worker_id must be an int >= 0, got {worker_id!r}")

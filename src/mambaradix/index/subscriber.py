@@ -16,9 +16,9 @@ from contextlib import AbstractContextManager, nullcontext
 
 import zmq
 
-from mambaradix.events.publisher import END_SEQ
+from mambaradix.events.publisher import END_SEQ, check_seconds
 from mambaradix.index.feed import WorkerFeed
-from mambaradix.index.indexer import Indexer
+from mambaradix.index.indexer import Indexer, check_worker_id
 
 log = logging.getLogger("mambaradix.index")
 
@@ -33,6 +33,9 @@ class ZmqSubscriber:
         timeout_s: float = 2.0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
+        if not isinstance(indexer, Indexer):
+            raise TypeError(f"indexer must be an Indexer, got {type(indexer).__name__}")
+        check_seconds("timeout_s", timeout_s, positive=True)
         self.indexer, self.timeout_s = indexer, timeout_s
         self._lock: AbstractContextManager[object] = lock if lock is not None else nullcontext()
         self._ctx = context or zmq.Context.instance()
@@ -44,6 +47,7 @@ class ZmqSubscriber:
 
     def add(self, worker_id: int, endpoint: str, replay_endpoint: str | None = None) -> None:
         """Subscribe to a worker's publisher (and its replay socket, if any)."""
+        check_worker_id(worker_id)  # before any socket is made
         if worker_id in self.feeds:
             raise ValueError(f"worker {worker_id} is already subscribed")
         sockets: list[zmq.Socket[bytes]] = []
@@ -79,6 +83,7 @@ class ZmqSubscriber:
 
     def poll(self, timeout_s: float = 0.1) -> int:
         """Receive and apply what arrives within `timeout_s`; returns batches received."""
+        check_seconds("timeout_s", timeout_s)
         got = 0
         deadline = time.monotonic() + timeout_s
         while True:
@@ -125,11 +130,14 @@ class ZmqSubscriber:
             if request is None:
                 continue
             dealer = self._replay.get(worker_id)
-            if dealer is None:
+            try:
+                if dealer is None:
+                    raise zmq.Again
+                # never blocks: with nobody reading, requests fill the queue (SNDHWM)
+                dealer.send_multipart([b"", request], zmq.NOBLOCK)
+            except zmq.Again:
                 with self._lock:
                     feed.replay_ended(time.monotonic())  # nobody to ask
-            else:
-                dealer.send_multipart([b"", request])
 
     def close(self) -> None:
         for sock in self._by_socket:
