@@ -79,14 +79,6 @@ def test_trace_request_accepts_good_fields() -> None:
     assert (r.session_id, r.turn_id, r.ts) == ("s", 3, 2)
 
 
-def test_trace_refuses_duplicate_ids_and_leaves_the_list_alone() -> None:
-    reqs = [request(ts=1.0), request(ts=0.5, input_units=units(9), input_tokens=1)]
-    before = list(reqs)
-    with pytest.raises(ValueError, match=r"requests: session 0 turn 0 is given twice"):
-        Trace("t", reqs)
-    assert reqs == before  # not sorted in place when refused
-
-
 def test_token_trace_refuses_token_counts_of_another_unit_size() -> None:
     # a 2-unit request of 5 tokens is a block request mixed into a token-level trace
     with pytest.raises(ValueError, match=r"requests\[0\].*unit_tokens=1"):

@@ -68,18 +68,14 @@ class Trace:
         self.requests.sort(key=lambda r: r.ts)
 
     def _check_requests(self) -> None:
-        """Each a TraceRequest, (session, turn) unique, and in a token-level
+        """Each a TraceRequest, and in a token-level
         trace (`unit_tokens == 1`) token counts equal to the unit counts (a
         block-level request mixed in would not). Block traces are not held to
         ceil(tokens / unit_tokens) units: `load_mooncake(check_lengths=False)`
         keeps such rows on purpose."""
-        u, seen = self.unit_tokens, set()
+        u = self.unit_tokens
         for i, r in enumerate(self.requests):
             as_type(r, TraceRequest, f"requests[{i}]")
-            key = (r.session_id, r.turn_id)
-            if key in seen:
-                raise ValueError(f"requests: session {key[0]} turn {key[1]} is given twice")
-            seen.add(key)
             if u == 1 and (r.input_tokens, r.output_tokens) != (
                 len(r.input_units),
                 len(r.output_units),
