@@ -17,6 +17,8 @@ from __future__ import annotations
 import random
 from array import array
 
+from mambaradix.validate import as_count, as_int, as_positive, as_real
+
 from ..trace import Trace, TraceRequest
 from .arrivals import Process, chain_times, start_times
 
@@ -44,6 +46,29 @@ class _Tokens:
         return self.block(self.size(r))
 
 
+def _check(
+    seed: object,
+    counts: dict[str, object],
+    reals: dict[str, tuple[object, float, bool]],
+    ranges: dict[str, object],
+) -> None:
+    """TypeError / ValueError naming the first bad parameter, before any work:
+    an int seed (a float or a string would silently seed another trace), counts
+    >= 0, finite reals above their low end (open when the flag is set), and
+    `(low, high)` int ranges with 0 <= low <= high."""
+    as_int(seed, "seed")
+    for name, n in counts.items():
+        as_count(n, name)
+    for name, (x, low, low_open) in reals.items():
+        as_real(x, name, low=low, low_open=low_open)
+    for name, r in ranges.items():
+        if not isinstance(r, tuple) or len(r) != 2:
+            raise TypeError(f"{name} must be a (low, high) pair of ints, got {r!r}")
+        lo, hi = as_int(r[0], f"{name}[0]"), as_int(r[1], f"{name}[1]")
+        if not 0 <= lo <= hi:
+            raise ValueError(f"{name} must have 0 <= low <= high, got {r}")
+
+
 def _trace(name: str, requests: list[TraceRequest], meta: dict[str, object]) -> Trace:
     return Trace(name, requests, unit_tokens=1, source="synthetic (mambaradix)", meta=meta)
 
@@ -65,6 +90,17 @@ def shared_prefix(
     Tenant i is picked with weight `1 / (i + 1) ** tenant_skew` (0 = uniform).
     Session id = request index. Arrivals at `rate` per second.
     """
+    _check(
+        seed,
+        {"requests": requests},
+        {"tenant_skew": (tenant_skew, 0.0, False), "rate": (rate, 0.0, True)},
+        {
+            "system_tokens": system_tokens,
+            "question_tokens": question_tokens,
+            "output_tokens": output_tokens,
+        },
+    )
+    as_positive(tenants, "tenants")
     rng = random.Random(f"shared-prefix:{seed}")
     tok = _Tokens(rng)
     systems = [tok.sized(system_tokens) for _ in range(tenants)]
@@ -100,6 +136,21 @@ def multi_turn(
     start at `session_rate` per second; a session's next turn comes after the
     answer (`output / decode_tps` s) plus an exponential think time.
     """
+    _check(
+        seed,
+        {"sessions": sessions},
+        {
+            "session_rate": (session_rate, 0.0, True),
+            "think_time_s": (think_time_s, 0.0, False),
+            "decode_tps": (decode_tps, 0.0, True),
+        },
+        {
+            "turns": turns,
+            "system_tokens": system_tokens,
+            "user_tokens": user_tokens,
+            "output_tokens": output_tokens,
+        },
+    )
     rng = random.Random(f"multi-turn:{seed}")
     tok = _Tokens(rng)
     shared = tok.sized(system_tokens)
@@ -145,8 +196,23 @@ def agent_loop(
     prompt_j + new action + new observation. `meta["branches"]` lists the
     re-runs as `(session, turn, rerun_of_turn)`.
     """
-    if not 0.0 <= branch_prob <= 1.0:
-        raise ValueError("branch_prob must be in [0, 1]")
+    _check(
+        seed,
+        {"sessions": sessions},
+        {
+            "session_rate": (session_rate, 0.0, True),
+            "tool_time_s": (tool_time_s, 0.0, False),
+            "decode_tps": (decode_tps, 0.0, True),
+        },
+        {
+            "steps": steps,
+            "system_tokens": system_tokens,
+            "task_tokens": task_tokens,
+            "action_tokens": action_tokens,
+            "observation_tokens": observation_tokens,
+        },
+    )
+    as_real(branch_prob, "branch_prob", low=0.0, high=1.0)
     rng = random.Random(f"agent-loop:{seed}")
     tok = _Tokens(rng)
     system = tok.sized(system_tokens)
