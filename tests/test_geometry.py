@@ -339,3 +339,35 @@ def test_vllm_block_refuses_what_vllm_cannot_unify() -> None:
     gdn = Geometry("g", "X", 64, (a, GatedDeltaNet(2, 4, 16, 16, 4)), accounting="marconi")
     with pytest.raises(ValueError, match="marconi accounting has no formula"):
         figures(gdn, BF16)
+
+
+@pytest.mark.parametrize("build", [nemotron_h, qwen3_next, jamba])
+@pytest.mark.parametrize("cfg", [None, [], "config.json"])
+def test_builder_refuses_a_config_that_is_not_a_mapping(build: object, cfg: object) -> None:
+    with pytest.raises(TypeError, match="cfg"):
+        build("x", cfg)  # type: ignore[operator]
+
+
+def test_bad_nemotron_layer_list_and_layer_count_name_the_key() -> None:
+    cfg = {k: v for k, v in NEMOTRON_H_8B_CONFIG.items() if k != "hybrid_override_pattern"}
+    with pytest.raises(ValueError, match="layers_block_type"):
+        nemotron_h("x", {**cfg, "layers_block_type": [["mamba"], "attention"]})
+    with pytest.raises(TypeError, match="num_hidden_layers"):
+        nemotron_h("x", {**NEMOTRON_H_8B_CONFIG, "num_hidden_layers": "52"})
+
+
+def test_figure_functions_refuse_what_is_not_a_geometry_or_dtypes() -> None:
+    geom = GEOMS["nemotron-h-8b"]
+    for call in (
+        lambda: vllm_block(None),  # type: ignore[arg-type]
+        lambda: figures("nemotron-h-8b", BF16),  # type: ignore[arg-type]
+        lambda: sglang_state_dtypes(None),  # type: ignore[arg-type]
+        lambda: vllm_state_dtypes(None),  # type: ignore[arg-type]
+        lambda: engine_state_dtypes(None),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError, match="geom"):
+            call()
+    with pytest.raises(TypeError, match="dtypes"):
+        vllm_block(geom, dtypes="float32")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="dtypes"):
+        figures(geom, None)  # type: ignore[arg-type]

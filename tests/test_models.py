@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mambaradix.replay.models import PROFILES, ModelProfile, get_profile
+from mambaradix.replay.models import PROFILES, ModelProfile, get_profile, profile_from_geometry
 from mambaradix.replay.policies import VLLM, PolicyContext
 
 REAL = ("nemotron-h-8b", "qwen3-next-80b-a3b", "jamba-1.5-mini")
@@ -326,3 +326,11 @@ def test_readme_model_table_is_what_bench_prints(capsys: pytest.CaptureFixture[s
     readme = (root / "README.md").read_text()
     for row in rows:
         assert row in readme
+
+
+def test_profile_from_geometry_refuses_bad_arguments() -> None:
+    geom = get_profile("jamba-1.5-mini").geometry
+    with pytest.raises(TypeError, match="geom"):
+        profile_from_geometry(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="state_dtypes"):
+        profile_from_geometry(geom, "bfloat16")  # type: ignore[arg-type]

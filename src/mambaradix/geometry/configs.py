@@ -44,6 +44,12 @@ _MISSING = object()
 _DTYPE_KEYS = ("mamba_ssm_dtype", "mamba_ssm_cache_dtype")
 
 
+def _check_cfg(cfg: object) -> None:
+    """TypeError unless `cfg` is a config dict (a transformers config: ``to_dict()``)."""
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"cfg must be a config mapping (dict), got {type(cfg).__name__}")
+
+
 def _int(cfg: Config, key: str, default: object = _MISSING, minimum: int = 1) -> int:
     value = cfg.get(key, default)
     if value is _MISSING:
@@ -95,6 +101,7 @@ def nemotron_h(name: str, cfg: Config, source: str = "") -> Geometry:
     """NemotronH: one block per layer, ``M`` Mamba2, ``*`` attention, ``-`` MLP
     (relu2, not gated), ``E`` MoE; from ``hybrid_override_pattern`` or the
     transformers ``layers_block_type`` list."""
+    _check_cfg(cfg)
     hidden = _int(cfg, "hidden_size")
     kinds = _nemotron_pattern(cfg)
     head_dim = _int(cfg, "attention_head_dim" if "attention_head_dim" in cfg else "head_dim")
@@ -128,7 +135,9 @@ def _nemotron_pattern(cfg: Config) -> str:
     names = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
     if "layers_block_type" in cfg:
         types = cfg["layers_block_type"]
-        if not isinstance(types, (list, tuple)) or any(t not in names for t in types):
+        if not isinstance(types, (list, tuple)) or any(
+            not isinstance(t, str) or t not in names for t in types
+        ):
             raise ValueError(
                 f"config key 'layers_block_type' must list {sorted(names)}, got {types!r}"
             )
@@ -137,8 +146,10 @@ def _nemotron_pattern(cfg: Config) -> str:
         pattern = _str(cfg, "hybrid_override_pattern")
         if set(pattern) - set(names.values()):
             raise ValueError(f"config key 'hybrid_override_pattern' has unknown kinds: {pattern!r}")
-    layers = cfg.get("num_hidden_layers", len(pattern))
-    if layers != len(pattern) or not pattern:
+    if not pattern:
+        raise ValueError("config key 'hybrid_override_pattern' / 'layers_block_type' is empty")
+    layers = _int(cfg, "num_hidden_layers", len(pattern))
+    if layers != len(pattern):
         raise ValueError(
             f"config key 'num_hidden_layers' ({layers}) must equal the pattern length "
             f"({len(pattern)})"
@@ -151,6 +162,7 @@ def qwen3_next(name: str, cfg: Config, source: str = "") -> Geometry:
     ``(i + 1) % full_attention_interval == 0``, else Gated DeltaNet) and an
     FFN (MoE iff ``num_experts > 0``, ``(i + 1) % decoder_sparse_step == 0``
     and i not in ``mlp_only_layers``; else a SwiGLU MLP)."""
+    _check_cfg(cfg)
     n = _int(cfg, "num_hidden_layers")
     interval = _int(cfg, "full_attention_interval")
     attn = Attention(
@@ -199,6 +211,7 @@ def jamba(name: str, cfg: Config, source: str = "") -> Geometry:
     """Jamba: decoder layer i mixes with attention iff ``i % attn_layer_period ==
     attn_layer_offset`` (else Mamba1) and its FFN is MoE iff ``i %
     expert_layer_period == expert_layer_offset`` (else a SwiGLU MLP)."""
+    _check_cfg(cfg)
     hidden, n = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
     heads = _int(cfg, "num_attention_heads")
     if hidden % heads:

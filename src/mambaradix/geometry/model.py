@@ -17,7 +17,7 @@ from mambaradix.geometry.layers import (
     dtype_bytes,
 )
 
-__all__ = ["ACCOUNTINGS", "Geometry"]
+__all__ = ["ACCOUNTINGS", "Geometry", "check_geometry"]
 
 ACCOUNTINGS = ("standard", "marconi")
 """``standard``: the formulas documented in `derive`; ``marconi``: Marconi's
@@ -92,3 +92,10 @@ class Geometry:
     def count(self, kind: str) -> int:
         """Number of blocks of `kind` (a layer class's ``kind``)."""
         return sum(1 for x in self.layers if x.kind == kind)
+
+
+def check_geometry(value: object, name: str = "geom") -> Geometry:
+    """`value` if it is a `Geometry`; TypeError naming `name` otherwise."""
+    if not isinstance(value, Geometry):
+        raise TypeError(f"{name} must be a Geometry, got {type(value).__name__}")
+    return value
