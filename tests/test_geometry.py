@@ -8,6 +8,7 @@ SGLang's and vLLM's dtypes, KV bytes, Marconi's accounting.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import ceil
 
 import pytest
@@ -30,6 +31,7 @@ from mambaradix.geometry import (
     vllm_state_dtypes,
 )
 from mambaradix.geometry.configs import (
+    JAMBA_15_MINI_CONFIG,
     NEMOTRON_H_8B_CONFIG,
     QWEN3_NEXT_80B_A3B_CONFIG,
     jamba,
@@ -371,3 +373,53 @@ def test_figure_functions_refuse_what_is_not_a_geometry_or_dtypes() -> None:
         vllm_block(geom, dtypes="float32")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="dtypes"):
         figures(geom, None)  # type: ignore[arg-type]
+
+
+def _same_model(back: Geometry, want: Geometry) -> None:
+    """Same layers and every model-wide fact the figures read, hence the same figures."""
+    assert back.layers == want.layers
+    assert (back.architecture, back.hidden, back.dtype) == (
+        want.architecture,
+        want.hidden,
+        want.dtype,
+    )
+    assert back.mamba_chunk_size == want.mamba_chunk_size
+    got, expect = vllm_block(back), vllm_block(want)
+    # the dtype rule's wording may differ (transformers writes the default
+    # mamba_ssm_cache_dtype float32 out), the dtypes and every size may not
+    assert (got.dtypes.conv, got.dtypes.ssm) == (expect.dtypes.conv, expect.dtypes.ssm)
+    assert replace(got, dtypes=expect.dtypes) == expect
+    assert figures(back, sglang_state_dtypes(back)) == figures(want, sglang_state_dtypes(want))
+
+
+def test_transformers_config_dicts_read_back_to_the_presets() -> None:
+    # transformers 5 writes ``dtype`` (not ``torch_dtype``), NemotronH's
+    # layers_block_type as linear_attention / full_attention / mlp, and
+    # Qwen3Next's layout as ``layer_types`` (no full_attention_interval)
+    import transformers
+
+    for name, build in (("nemotron-h-tiny", nemotron_h), ("qwen3-next-tiny", qwen3_next)):
+        preset = PRESETS[name]
+        family = getattr(transformers, f"{preset.family}Config")
+        arch = preset.geometry.architecture
+        config = family(**preset.config_kwargs(), dtype="float32", architectures=[arch])
+        _same_model(build(name, config.to_dict()), preset.geometry)
+
+
+def test_transformers_config_dicts_read_back_to_the_published_models() -> None:
+    import transformers
+
+    for name, build, family, cfg in (
+        ("nemotron-h-8b", nemotron_h, "NemotronHConfig", NEMOTRON_H_8B_CONFIG),
+        ("qwen3-next-80b-a3b", qwen3_next, "Qwen3NextConfig", QWEN3_NEXT_80B_A3B_CONFIG),
+        ("jamba-1.5-mini", jamba, "JambaConfig", JAMBA_15_MINI_CONFIG),
+    ):
+        config = getattr(transformers, family)(**cfg)
+        _same_model(build(name, config.to_dict()), GEOMS[name])
+
+
+def test_a_dtype_key_is_read_as_the_model_dtype() -> None:
+    cfg = {k: v for k, v in NEMOTRON_H_8B_CONFIG.items() if k != "torch_dtype"}
+    geom = nemotron_h("x", {**cfg, "dtype": "float32"})
+    assert geom.dtype == "float32"
+    assert figures(geom, BF16).kv_bytes_per_token == 4 * 2 * 8 * 128 * 4

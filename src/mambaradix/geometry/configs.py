@@ -6,6 +6,10 @@ vLLM / SGLang code reads) and return a `Geometry`: `nemotron_h`,
 dicts below, each with where it was read; `marconi_7b` is Marconi's 7B
 layout as its released simulator accounts for it.
 
+Config dicts as transformers 5 writes them (``config.to_dict()``: ``dtype``
+for ``torch_dtype``, ``linear_attention`` / ``full_attention`` layer names)
+read the same as the published files.
+
 A bad config raises ValueError (missing key, value out of range) or
 TypeError (wrong type), naming the key.
 """
@@ -82,7 +86,11 @@ def _geometry(
     """`layers` with the model-wide fields every builder reads the same way
     (`architecture` when the config has no ``architectures``)."""
     chunk_key = "mamba_chunk_size" if "mamba_chunk_size" in cfg else "chunk_size"
-    archs = cfg.get("architectures", [architecture])
+    # transformers >= 4.56 writes ``dtype`` where older configs have ``torch_dtype``
+    dtype_key = "dtype" if "dtype" in cfg and "torch_dtype" not in cfg else "torch_dtype"
+    archs = cfg.get("architectures")
+    if archs is None:  # absent, or transformers' to_dict() of a config without it
+        archs = [architecture]
     if not isinstance(archs, (list, tuple)) or not archs or not isinstance(archs[0], str):
         raise ValueError(f"config key 'architectures' must be a non-empty list, got {archs!r}")
     return Geometry(
@@ -90,7 +98,7 @@ def _geometry(
         architecture=archs[0],
         hidden=_int(cfg, "hidden_size"),
         layers=tuple(layers),
-        dtype=_dtype(cfg, "torch_dtype"),
+        dtype=_dtype(cfg, dtype_key),
         dtype_settings=tuple((k, _str(cfg, k)) for k in _DTYPE_KEYS if k in cfg),
         mamba_chunk_size=_int(cfg, chunk_key) if chunk_key in cfg else None,
         source=source,
@@ -132,7 +140,9 @@ def nemotron_h(name: str, cfg: Config, source: str = "") -> Geometry:
 
 
 def _nemotron_pattern(cfg: Config) -> str:
+    # transformers 5 names the mixers linear_attention / full_attention
     names = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+    names |= {"linear_attention": "M", "full_attention": "*"}
     if "layers_block_type" in cfg:
         types = cfg["layers_block_type"]
         if not isinstance(types, (list, tuple)) or any(
@@ -159,12 +169,13 @@ def _nemotron_pattern(cfg: Config) -> str:
 
 def qwen3_next(name: str, cfg: Config, source: str = "") -> Geometry:
     """Qwen3-Next: each decoder layer is a mixer (gated attention iff
-    ``(i + 1) % full_attention_interval == 0``, else Gated DeltaNet) and an
+    ``(i + 1) % full_attention_interval == 0``, or transformers 5's
+    ``layer_types[i] == "full_attention"``; else Gated DeltaNet) and an
     FFN (MoE iff ``num_experts > 0``, ``(i + 1) % decoder_sparse_step == 0``
     and i not in ``mlp_only_layers``; else a SwiGLU MLP)."""
     _check_cfg(cfg)
     n = _int(cfg, "num_hidden_layers")
-    interval = _int(cfg, "full_attention_interval")
+    attn_at = _qwen_attention_layers(cfg, n)
     attn = Attention(
         _int(cfg, "num_attention_heads"),
         _int(cfg, "num_key_value_heads"),
@@ -181,9 +192,25 @@ def qwen3_next(name: str, cfg: Config, source: str = "") -> Geometry:
     moe_at = _qwen_moe_layers(cfg, n)
     layers: list[Layer] = []
     for i in range(n):
-        layers.append(attn if (i + 1) % interval == 0 else gdn)
+        layers.append(attn if i in attn_at else gdn)
         layers.append(_qwen_moe(cfg) if i in moe_at else MLP(_int(cfg, "intermediate_size"), True))
     return _geometry(name, cfg, "Qwen3NextForCausalLM", layers, source)
+
+
+def _qwen_attention_layers(cfg: Config, n: int) -> set[int]:
+    """From ``full_attention_interval``, or transformers 5's ``layer_types`` list."""
+    if "full_attention_interval" in cfg or "layer_types" not in cfg:
+        interval = _int(cfg, "full_attention_interval")
+        return {i for i in range(n) if (i + 1) % interval == 0}
+    types = cfg["layer_types"]
+    kinds = ("full_attention", "linear_attention")
+    if (
+        not isinstance(types, (list, tuple))
+        or len(types) != n
+        or not all(t in kinds for t in types)
+    ):
+        raise ValueError(f"config key 'layer_types' must list {n} of {kinds}, got {types!r}")
+    return {i for i, t in enumerate(types) if t == "full_attention"}
 
 
 def _qwen_moe_layers(cfg: Config, n: int) -> set[int]:
