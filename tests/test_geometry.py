@@ -17,6 +17,7 @@ from mambaradix.geometry import (
     MLP,
     PRESETS,
     Attention,
+    EnginePreset,
     GatedDeltaNet,
     Geometry,
     Mamba1,
@@ -423,3 +424,13 @@ def test_a_dtype_key_is_read_as_the_model_dtype() -> None:
     geom = nemotron_h("x", {**cfg, "dtype": "float32"})
     assert geom.dtype == "float32"
     assert figures(geom, BF16).kv_bytes_per_token == 4 * 2 * 8 * 128 * 4
+
+
+def test_bad_dtype_settings_and_preset_fields_name_the_field() -> None:
+    attn = (Attention(4, 2, 16),)
+    with pytest.raises(TypeError, match="dtype_settings"):
+        Geometry("x", "A", 64, attn, dtype_settings={"mamba_ssm_dtype": "float32"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="EnginePreset.family"):
+        EnginePreset(["NemotronH"], PRESETS["nemotron-h-tiny"].geometry)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="EnginePreset.geometry"):
+        EnginePreset("NemotronH", None)  # type: ignore[arg-type]

@@ -334,3 +334,8 @@ def test_profile_from_geometry_refuses_bad_arguments() -> None:
         profile_from_geometry(None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="state_dtypes"):
         profile_from_geometry(geom, "bfloat16")  # type: ignore[arg-type]
+
+
+def test_hand_built_profile_refuses_a_causal_that_is_not_a_bool() -> None:
+    with pytest.raises(TypeError, match="causal"):
+        ModelProfile("x", "s", 1, 1, 1, 1, causal="no")  # type: ignore[arg-type]

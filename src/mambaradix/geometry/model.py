@@ -63,7 +63,12 @@ class Geometry:
             if not isinstance(layer, _LAYER_TYPES):
                 raise TypeError(f"Geometry.layers[{i}] is not a layer: {type(layer).__name__}")
         dtype_bytes(self.dtype, "Geometry.dtype")
-        for key, value in self.dtype_settings:
+        settings = self.dtype_settings
+        if not isinstance(settings, (tuple, list)) or any(
+            not isinstance(kv, (tuple, list)) or len(kv) != 2 for kv in settings
+        ):
+            raise TypeError(f"Geometry.dtype_settings must be (key, dtype) pairs, got {settings!r}")
+        for key, value in settings:
             dtype_bytes(value, f"Geometry.dtype_settings[{key!r}]")
         chunk = self.mamba_chunk_size
         if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int)):

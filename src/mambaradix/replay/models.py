@@ -138,6 +138,8 @@ class ModelProfile:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError("name must be a non-empty str")
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
         for field_name in (
             "kv_bytes_per_token",
             "state_bytes",
