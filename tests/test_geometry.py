@@ -8,6 +8,7 @@ SGLang's and vLLM's dtypes, KV bytes, Marconi's accounting.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import ceil
 
 import pytest
@@ -16,6 +17,7 @@ from mambaradix.geometry import (
     MLP,
     PRESETS,
     Attention,
+    EnginePreset,
     GatedDeltaNet,
     Geometry,
     Mamba1,
@@ -30,6 +32,7 @@ from mambaradix.geometry import (
     vllm_state_dtypes,
 )
 from mambaradix.geometry.configs import (
+    JAMBA_15_MINI_CONFIG,
     NEMOTRON_H_8B_CONFIG,
     QWEN3_NEXT_80B_A3B_CONFIG,
     jamba,
@@ -339,3 +342,95 @@ def test_vllm_block_refuses_what_vllm_cannot_unify() -> None:
     gdn = Geometry("g", "X", 64, (a, GatedDeltaNet(2, 4, 16, 16, 4)), accounting="marconi")
     with pytest.raises(ValueError, match="marconi accounting has no formula"):
         figures(gdn, BF16)
+
+
+@pytest.mark.parametrize("build", [nemotron_h, qwen3_next, jamba])
+@pytest.mark.parametrize("cfg", [None, [], "config.json"])
+def test_builder_refuses_a_config_that_is_not_a_mapping(build: object, cfg: object) -> None:
+    with pytest.raises(TypeError, match="cfg"):
+        build("x", cfg)  # type: ignore[operator]
+
+
+def test_bad_nemotron_layer_list_and_layer_count_name_the_key() -> None:
+    cfg = {k: v for k, v in NEMOTRON_H_8B_CONFIG.items() if k != "hybrid_override_pattern"}
+    with pytest.raises(ValueError, match="layers_block_type"):
+        nemotron_h("x", {**cfg, "layers_block_type": [["mamba"], "attention"]})
+    with pytest.raises(TypeError, match="num_hidden_layers"):
+        nemotron_h("x", {**NEMOTRON_H_8B_CONFIG, "num_hidden_layers": "52"})
+
+
+def test_figure_functions_refuse_what_is_not_a_geometry_or_dtypes() -> None:
+    geom = GEOMS["nemotron-h-8b"]
+    for call in (
+        lambda: vllm_block(None),  # type: ignore[arg-type]
+        lambda: figures("nemotron-h-8b", BF16),  # type: ignore[arg-type]
+        lambda: sglang_state_dtypes(None),  # type: ignore[arg-type]
+        lambda: vllm_state_dtypes(None),  # type: ignore[arg-type]
+        lambda: engine_state_dtypes(None),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError, match="geom"):
+            call()
+    with pytest.raises(TypeError, match="dtypes"):
+        vllm_block(geom, dtypes="float32")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="dtypes"):
+        figures(geom, None)  # type: ignore[arg-type]
+
+
+def _same_model(back: Geometry, want: Geometry) -> None:
+    """Same layers and every model-wide fact the figures read, hence the same figures."""
+    assert back.layers == want.layers
+    assert (back.architecture, back.hidden, back.dtype) == (
+        want.architecture,
+        want.hidden,
+        want.dtype,
+    )
+    assert back.mamba_chunk_size == want.mamba_chunk_size
+    got, expect = vllm_block(back), vllm_block(want)
+    # the dtype rule's wording may differ (transformers writes the default
+    # mamba_ssm_cache_dtype float32 out), the dtypes and every size may not
+    assert (got.dtypes.conv, got.dtypes.ssm) == (expect.dtypes.conv, expect.dtypes.ssm)
+    assert replace(got, dtypes=expect.dtypes) == expect
+    assert figures(back, sglang_state_dtypes(back)) == figures(want, sglang_state_dtypes(want))
+
+
+def test_transformers_config_dicts_read_back_to_the_presets() -> None:
+    # transformers 5 writes ``dtype`` (not ``torch_dtype``), NemotronH's
+    # layers_block_type as linear_attention / full_attention / mlp, and
+    # Qwen3Next's layout as ``layer_types`` (no full_attention_interval)
+    import transformers
+
+    for name, build in (("nemotron-h-tiny", nemotron_h), ("qwen3-next-tiny", qwen3_next)):
+        preset = PRESETS[name]
+        family = getattr(transformers, f"{preset.family}Config")
+        arch = preset.geometry.architecture
+        config = family(**preset.config_kwargs(), dtype="float32", architectures=[arch])
+        _same_model(build(name, config.to_dict()), preset.geometry)
+
+
+def test_transformers_config_dicts_read_back_to_the_published_models() -> None:
+    import transformers
+
+    for name, build, family, cfg in (
+        ("nemotron-h-8b", nemotron_h, "NemotronHConfig", NEMOTRON_H_8B_CONFIG),
+        ("qwen3-next-80b-a3b", qwen3_next, "Qwen3NextConfig", QWEN3_NEXT_80B_A3B_CONFIG),
+        ("jamba-1.5-mini", jamba, "JambaConfig", JAMBA_15_MINI_CONFIG),
+    ):
+        config = getattr(transformers, family)(**cfg)
+        _same_model(build(name, config.to_dict()), GEOMS[name])
+
+
+def test_a_dtype_key_is_read_as_the_model_dtype() -> None:
+    cfg = {k: v for k, v in NEMOTRON_H_8B_CONFIG.items() if k != "torch_dtype"}
+    geom = nemotron_h("x", {**cfg, "dtype": "float32"})
+    assert geom.dtype == "float32"
+    assert figures(geom, BF16).kv_bytes_per_token == 4 * 2 * 8 * 128 * 4
+
+
+def test_bad_dtype_settings_and_preset_fields_name_the_field() -> None:
+    attn = (Attention(4, 2, 16),)
+    with pytest.raises(TypeError, match="dtype_settings"):
+        Geometry("x", "A", 64, attn, dtype_settings={"mamba_ssm_dtype": "float32"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="EnginePreset.family"):
+        EnginePreset(["NemotronH"], PRESETS["nemotron-h-tiny"].geometry)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="EnginePreset.geometry"):
+        EnginePreset("NemotronH", None)  # type: ignore[arg-type]

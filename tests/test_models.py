@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mambaradix.replay.models import PROFILES, ModelProfile, get_profile
+from mambaradix.replay.models import PROFILES, ModelProfile, get_profile, profile_from_geometry
 from mambaradix.replay.policies import VLLM, PolicyContext
 
 REAL = ("nemotron-h-8b", "qwen3-next-80b-a3b", "jamba-1.5-mini")
@@ -326,3 +326,35 @@ def test_readme_model_table_is_what_bench_prints(capsys: pytest.CaptureFixture[s
     readme = (root / "README.md").read_text()
     for row in rows:
         assert row in readme
+
+
+def test_profile_from_geometry_refuses_bad_arguments() -> None:
+    geom = get_profile("jamba-1.5-mini").geometry
+    with pytest.raises(TypeError, match="geom"):
+        profile_from_geometry(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="state_dtypes"):
+        profile_from_geometry(geom, "bfloat16")  # type: ignore[arg-type]
+
+
+def test_hand_built_profile_refuses_a_causal_that_is_not_a_bool() -> None:
+    with pytest.raises(TypeError, match="causal"):
+        ModelProfile("x", "s", 1, 1, 1, 1, causal="no")  # type: ignore[arg-type]
+
+
+def test_engine_preset_vllm_blocks_by_hand() -> None:
+    # vLLM on the presets' float32 geometry: conv keeps conv_kernel - 1 = 3 columns.
+    # nemotron-h-tiny: Mamba2 conv_dim 8*16 + 2*1*16 = 160, ssm 8x16x16; one attention
+    # layer of 2 kv heads x 16 -> 2*2*16*4 = 256 bytes per token; 2 Mamba layers.
+    n = get_profile("nemotron-h-tiny")
+    n_page = 160 * 3 * 4 + 8 * 16 * 16 * 4  # 10,112
+    assert n.vllm_block_tokens == 16 * ceil(n_page / (16 * 256)) == 48
+    assert n.vllm_state_bytes == 2 * 48 * 256
+    # vLLM 0.20.0 "all": c = lcm(chunk 16, 16) = 16, ceil(10,112 / 256) = 40 -> 48
+    assert n.vllm_all_block_tokens == 16 * ceil(ceil(n_page / 256) / 16) == 48
+    # qwen3-next-tiny: GDN conv_dim 2*2*16 + 4*16 = 128, ssm 4x16x16; attention page 256;
+    # all-GDN recurrent layers -> the 64-token FlashInfer grid, lcm(16, 64) = 64
+    q = get_profile("qwen3-next-tiny")
+    q_page = 128 * 3 * 4 + 4 * 16 * 16 * 4  # 5,632
+    assert q.vllm_block_tokens == 64 * ceil(q_page / (64 * 256)) == 64
+    assert q.vllm_all_block_tokens == 64  # Qwen3-Next has no "all" mode: align
+    assert q.vllm_state_bytes == 2 * 64 * 256

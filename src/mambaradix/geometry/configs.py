@@ -6,6 +6,10 @@ vLLM / SGLang code reads) and return a `Geometry`: `nemotron_h`,
 dicts below, each with where it was read; `marconi_7b` is Marconi's 7B
 layout as its released simulator accounts for it.
 
+Config dicts as transformers 5 writes them (``config.to_dict()``: ``dtype``
+for ``torch_dtype``, ``linear_attention`` / ``full_attention`` layer names)
+read the same as the published files.
+
 A bad config raises ValueError (missing key, value out of range) or
 TypeError (wrong type), naming the key.
 """
@@ -44,6 +48,12 @@ _MISSING = object()
 _DTYPE_KEYS = ("mamba_ssm_dtype", "mamba_ssm_cache_dtype")
 
 
+def _check_cfg(cfg: object) -> None:
+    """TypeError unless `cfg` is a config dict (a transformers config: ``to_dict()``)."""
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"cfg must be a config mapping (dict), got {type(cfg).__name__}")
+
+
 def _int(cfg: Config, key: str, default: object = _MISSING, minimum: int = 1) -> int:
     value = cfg.get(key, default)
     if value is _MISSING:
@@ -76,7 +86,11 @@ def _geometry(
     """`layers` with the model-wide fields every builder reads the same way
     (`architecture` when the config has no ``architectures``)."""
     chunk_key = "mamba_chunk_size" if "mamba_chunk_size" in cfg else "chunk_size"
-    archs = cfg.get("architectures", [architecture])
+    # transformers >= 4.56 writes ``dtype`` where older configs have ``torch_dtype``
+    dtype_key = "dtype" if "dtype" in cfg and "torch_dtype" not in cfg else "torch_dtype"
+    archs = cfg.get("architectures")
+    if archs is None:  # absent, or transformers' to_dict() of a config without it
+        archs = [architecture]
     if not isinstance(archs, (list, tuple)) or not archs or not isinstance(archs[0], str):
         raise ValueError(f"config key 'architectures' must be a non-empty list, got {archs!r}")
     return Geometry(
@@ -84,7 +98,7 @@ def _geometry(
         architecture=archs[0],
         hidden=_int(cfg, "hidden_size"),
         layers=tuple(layers),
-        dtype=_dtype(cfg, "torch_dtype"),
+        dtype=_dtype(cfg, dtype_key),
         dtype_settings=tuple((k, _str(cfg, k)) for k in _DTYPE_KEYS if k in cfg),
         mamba_chunk_size=_int(cfg, chunk_key) if chunk_key in cfg else None,
         source=source,
@@ -95,6 +109,7 @@ def nemotron_h(name: str, cfg: Config, source: str = "") -> Geometry:
     """NemotronH: one block per layer, ``M`` Mamba2, ``*`` attention, ``-`` MLP
     (relu2, not gated), ``E`` MoE; from ``hybrid_override_pattern`` or the
     transformers ``layers_block_type`` list."""
+    _check_cfg(cfg)
     hidden = _int(cfg, "hidden_size")
     kinds = _nemotron_pattern(cfg)
     head_dim = _int(cfg, "attention_head_dim" if "attention_head_dim" in cfg else "head_dim")
@@ -125,10 +140,14 @@ def nemotron_h(name: str, cfg: Config, source: str = "") -> Geometry:
 
 
 def _nemotron_pattern(cfg: Config) -> str:
+    # transformers 5 names the mixers linear_attention / full_attention
     names = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+    names |= {"linear_attention": "M", "full_attention": "*"}
     if "layers_block_type" in cfg:
         types = cfg["layers_block_type"]
-        if not isinstance(types, (list, tuple)) or any(t not in names for t in types):
+        if not isinstance(types, (list, tuple)) or any(
+            not isinstance(t, str) or t not in names for t in types
+        ):
             raise ValueError(
                 f"config key 'layers_block_type' must list {sorted(names)}, got {types!r}"
             )
@@ -137,8 +156,10 @@ def _nemotron_pattern(cfg: Config) -> str:
         pattern = _str(cfg, "hybrid_override_pattern")
         if set(pattern) - set(names.values()):
             raise ValueError(f"config key 'hybrid_override_pattern' has unknown kinds: {pattern!r}")
-    layers = cfg.get("num_hidden_layers", len(pattern))
-    if layers != len(pattern) or not pattern:
+    if not pattern:
+        raise ValueError("config key 'hybrid_override_pattern' / 'layers_block_type' is empty")
+    layers = _int(cfg, "num_hidden_layers", len(pattern))
+    if layers != len(pattern):
         raise ValueError(
             f"config key 'num_hidden_layers' ({layers}) must equal the pattern length "
             f"({len(pattern)})"
@@ -148,11 +169,13 @@ def _nemotron_pattern(cfg: Config) -> str:
 
 def qwen3_next(name: str, cfg: Config, source: str = "") -> Geometry:
     """Qwen3-Next: each decoder layer is a mixer (gated attention iff
-    ``(i + 1) % full_attention_interval == 0``, else Gated DeltaNet) and an
+    ``(i + 1) % full_attention_interval == 0``, or transformers 5's
+    ``layer_types[i] == "full_attention"``; else Gated DeltaNet) and an
     FFN (MoE iff ``num_experts > 0``, ``(i + 1) % decoder_sparse_step == 0``
     and i not in ``mlp_only_layers``; else a SwiGLU MLP)."""
+    _check_cfg(cfg)
     n = _int(cfg, "num_hidden_layers")
-    interval = _int(cfg, "full_attention_interval")
+    attn_at = _qwen_attention_layers(cfg, n)
     attn = Attention(
         _int(cfg, "num_attention_heads"),
         _int(cfg, "num_key_value_heads"),
@@ -169,9 +192,25 @@ def qwen3_next(name: str, cfg: Config, source: str = "") -> Geometry:
     moe_at = _qwen_moe_layers(cfg, n)
     layers: list[Layer] = []
     for i in range(n):
-        layers.append(attn if (i + 1) % interval == 0 else gdn)
+        layers.append(attn if i in attn_at else gdn)
         layers.append(_qwen_moe(cfg) if i in moe_at else MLP(_int(cfg, "intermediate_size"), True))
     return _geometry(name, cfg, "Qwen3NextForCausalLM", layers, source)
+
+
+def _qwen_attention_layers(cfg: Config, n: int) -> set[int]:
+    """From ``full_attention_interval``, or transformers 5's ``layer_types`` list."""
+    if "full_attention_interval" in cfg or "layer_types" not in cfg:
+        interval = _int(cfg, "full_attention_interval")
+        return {i for i in range(n) if (i + 1) % interval == 0}
+    types = cfg["layer_types"]
+    kinds = ("full_attention", "linear_attention")
+    if (
+        not isinstance(types, (list, tuple))
+        or len(types) != n
+        or not all(t in kinds for t in types)
+    ):
+        raise ValueError(f"config key 'layer_types' must list {n} of {kinds}, got {types!r}")
+    return {i for i, t in enumerate(types) if t == "full_attention"}
 
 
 def _qwen_moe_layers(cfg: Config, n: int) -> set[int]:
@@ -199,6 +238,7 @@ def jamba(name: str, cfg: Config, source: str = "") -> Geometry:
     """Jamba: decoder layer i mixes with attention iff ``i % attn_layer_period ==
     attn_layer_offset`` (else Mamba1) and its FFN is MoE iff ``i %
     expert_layer_period == expert_layer_offset`` (else a SwiGLU MLP)."""
+    _check_cfg(cfg)
     hidden, n = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
     heads = _int(cfg, "num_attention_heads")
     if hidden % heads:

@@ -53,10 +53,11 @@ from mambaradix.geometry.layers import (
     dtype_bytes,
     ssm_elems,
 )
-from mambaradix.geometry.model import Geometry
+from mambaradix.geometry.model import Geometry, check_geometry
 
 __all__ = [
     "Figures",
+    "check_dtypes",
     "LayerCost",
     "StateDtypes",
     "engine_state_dtypes",
@@ -89,11 +90,19 @@ class StateDtypes:
             raise TypeError("StateDtypes.conv_keeps_kernel must be a bool")
 
 
+def check_dtypes(value: object, name: str = "dtypes") -> StateDtypes:
+    """`value` if it is a `StateDtypes`; TypeError naming `name` otherwise."""
+    if not isinstance(value, StateDtypes):
+        raise TypeError(f"{name} must be a StateDtypes, got {type(value).__name__}")
+    return value
+
+
 def sglang_state_dtypes(geom: Geometry) -> StateDtypes:
     """SGLang 0.5.15.post1 ``python/sglang/srt/configs/mamba_utils.py``
     ``mamba2_state_dtype``: conv bf16 (``SGLANG_MAMBA_CONV_DTYPE`` default);
     SSM from the config's ``mamba_ssm_dtype``, else float32
     (``SGLANG_MAMBA_SSM_DTYPE`` unset)."""
+    check_geometry(geom)
     ssm = geom.setting("mamba_ssm_dtype")
     why = "the config's mamba_ssm_dtype" if ssm else "default"
     rule = f"SGLang 0.5.15.post1: conv bfloat16, ssm {ssm or 'float32'} ({why})"
@@ -103,6 +112,7 @@ def sglang_state_dtypes(geom: Geometry) -> StateDtypes:
 def engine_state_dtypes(geom: Geometry) -> StateDtypes:
     """The mambaradix engine's pools: transformers' cache layout (conv keeps
     ``conv_kernel`` inputs), conv and SSM at the model dtype."""
+    check_geometry(geom)
     rule = f"engine: conv and ssm at the model dtype {geom.dtype}, conv keeps conv_kernel inputs"
     return StateDtypes(geom.dtype, geom.dtype, rule, conv_keeps_kernel=True)
 
@@ -224,6 +234,8 @@ class Figures:
 
 
 def figures(geom: Geometry, dtypes: StateDtypes) -> Figures:
+    check_geometry(geom)
+    check_dtypes(dtypes)
     costs = [layer_cost(x, geom, dtypes) for x in geom.layers]
     return Figures(
         kv_bytes_per_token=sum(c.kv_bytes_per_token for c in costs),

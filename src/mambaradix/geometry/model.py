@@ -17,7 +17,7 @@ from mambaradix.geometry.layers import (
     dtype_bytes,
 )
 
-__all__ = ["ACCOUNTINGS", "Geometry"]
+__all__ = ["ACCOUNTINGS", "Geometry", "check_geometry"]
 
 ACCOUNTINGS = ("standard", "marconi")
 """``standard``: the formulas documented in `derive`; ``marconi``: Marconi's
@@ -63,7 +63,12 @@ class Geometry:
             if not isinstance(layer, _LAYER_TYPES):
                 raise TypeError(f"Geometry.layers[{i}] is not a layer: {type(layer).__name__}")
         dtype_bytes(self.dtype, "Geometry.dtype")
-        for key, value in self.dtype_settings:
+        settings = self.dtype_settings
+        if not isinstance(settings, (tuple, list)) or any(
+            not isinstance(kv, (tuple, list)) or len(kv) != 2 for kv in settings
+        ):
+            raise TypeError(f"Geometry.dtype_settings must be (key, dtype) pairs, got {settings!r}")
+        for key, value in settings:
             dtype_bytes(value, f"Geometry.dtype_settings[{key!r}]")
         chunk = self.mamba_chunk_size
         if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int)):
@@ -92,3 +97,10 @@ class Geometry:
     def count(self, kind: str) -> int:
         """Number of blocks of `kind` (a layer class's ``kind``)."""
         return sum(1 for x in self.layers if x.kind == kind)
+
+
+def check_geometry(value: object, name: str = "geom") -> Geometry:
+    """`value` if it is a `Geometry`; TypeError naming `name` otherwise."""
+    if not isinstance(value, Geometry):
+        raise TypeError(f"{name} must be a Geometry, got {type(value).__name__}")
+    return value

@@ -94,8 +94,10 @@ class EnginePreset:
     extra: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.family not in _WRITERS:
+        if not isinstance(self.family, str) or self.family not in _WRITERS:
             raise ValueError(f"EnginePreset.family must be one of {sorted(_WRITERS)}")
+        if not isinstance(self.geometry, Geometry):
+            raise TypeError(f"EnginePreset.geometry must be a Geometry, got {self.geometry!r}")
 
     def config_kwargs(self) -> dict[str, object]:
         """Kwargs for ``transformers.<family>Config``."""

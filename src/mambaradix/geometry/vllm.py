@@ -40,9 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import lcm
 
-from mambaradix.geometry.derive import StateDtypes, uniform_cost
+from mambaradix.geometry.derive import StateDtypes, check_dtypes, uniform_cost
 from mambaradix.geometry.layers import Attention, GatedDeltaNet, Mamba1, Mamba2
-from mambaradix.geometry.model import Geometry
+from mambaradix.geometry.model import Geometry, check_geometry
 
 __all__ = [
     "ALL_MODE_ARCHITECTURES",
@@ -89,6 +89,7 @@ def vllm_state_dtypes(geom: Geometry) -> StateDtypes:
     default"); ``Qwen3_5*Config`` with the config's ``mamba_ssm_dtype``.
     Qwen3-Next and Jamba have no hook.
     """
+    check_geometry(geom)
     arch, model = geom.architecture, geom.dtype
     if arch in ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM"):
         ssm = geom.setting("mamba_ssm_cache_dtype")
@@ -159,7 +160,8 @@ def vllm_block(
             raise TypeError(f"{key} must be an int, got {type(value).__name__}")
         if value is not None and value < 1:
             raise ValueError(f"{key} must be >= 1, got {value}")
-    dt = dtypes if dtypes is not None else vllm_state_dtypes(geom)
+    check_geometry(geom)
+    dt = check_dtypes(dtypes) if dtypes is not None else vllm_state_dtypes(geom)
     attn = uniform_cost(geom, Attention, dt).kv_bytes_per_token
     mamba = uniform_cost(geom, (Mamba2, Mamba1, GatedDeltaNet), dt).state_bytes
     align = kernel_alignment

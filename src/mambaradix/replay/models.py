@@ -58,6 +58,8 @@ from mambaradix.geometry.configs import (
     NEMOTRON_H_8B_CONFIG,
     QWEN3_NEXT_80B_A3B_CONFIG,
 )
+from mambaradix.geometry.derive import check_dtypes
+from mambaradix.geometry.model import check_geometry
 
 __all__ = [
     "JAMBA_15_MINI_CONFIG",
@@ -136,6 +138,8 @@ class ModelProfile:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError("name must be a non-empty str")
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
         for field_name in (
             "kv_bytes_per_token",
             "state_bytes",
@@ -271,7 +275,12 @@ def profile_from_geometry(
     geom: Geometry, state_dtypes: StateDtypes | None = None, notes: str = ""
 ) -> ModelProfile:
     """The profile of `geom`, states counted at `state_dtypes` (SGLang's by default)."""
-    dtypes = state_dtypes if state_dtypes is not None else sglang_state_dtypes(geom)
+    check_geometry(geom)
+    dtypes = (
+        check_dtypes(state_dtypes, "state_dtypes")
+        if state_dtypes is not None
+        else sglang_state_dtypes(geom)
+    )
     figs = figures(geom, dtypes)
     vb = vllm_block(geom)
     return ModelProfile(
