@@ -19,8 +19,10 @@ __all__ = [
     "HOST_BYTES_PER_ID",
     "available_bytes",
     "as_bool",
+    "as_finite_nonnegative",
     "as_count",
     "as_int",
+    "as_int_nonnegative",
     "as_positive",
     "as_real",
     "as_token_ids",
@@ -49,6 +51,28 @@ def as_real(
     if high is not None and (x > high or (high_open and x == high)):
         raise ValueError(f"{name} must be {'<' if high_open else '<='} {high:g}, got {value}")
     return x
+
+
+def as_finite_nonnegative(value: object, name: str, what: str = "a finite number >= 0") -> float:
+    """`value` (an int or a float, not a bool) as a float, finite and >= 0; the
+    message says `name must be <what>` for a wrong type (TypeError) and value alike."""
+    message = f"{name} must be {what}, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(message)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(message)
+    return float(value)
+
+
+def as_int_nonnegative(value: object, name: str) -> int:
+    """`value` as a plain int >= 0 (only a Python int: not a bool, a float or a
+    numpy integer); one message, `name must be an int >= 0`, for both errors."""
+    message = f"{name} must be an int >= 0, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(message)
+    if value < 0:
+        raise ValueError(message)
+    return value
 
 
 def as_bool(value: object, name: str) -> bool:

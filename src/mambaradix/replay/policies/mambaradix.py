@@ -30,7 +30,6 @@ Every constant is in `constants`, each with an ablation (`ABLATIONS`).
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, fields
 from typing import Any
@@ -44,6 +43,7 @@ from mambaradix.replay.policies.base import Policy, PolicyContext
 from mambaradix.replay.policies.density import HitDensity
 from mambaradix.replay.policies.items import Items
 from mambaradix.scheduler import CHUNK, FINISH, STOP
+from mambaradix.validate import as_bool, as_finite_nonnegative, as_int_nonnegative
 
 BRANCH, PROMPT, CHUNK_END, FINISHED = "branch", "prompt", "chunk", "finish"
 
@@ -72,21 +72,10 @@ class Settings:
     sample: int = C.RANK_SAMPLE  # rank a sample of this many (0: every evictable state)
 
     def __post_init__(self) -> None:
-        prior = self.prior
-        message = f"prior must be a finite number >= 0, got {prior!r}"
-        if isinstance(prior, bool) or not isinstance(prior, int | float):
-            raise TypeError(message)
-        if not math.isfinite(prior) or prior < 0:
-            raise ValueError(message)
+        as_finite_nonnegative(self.prior, "prior")
         for name in ("classes", "ages", "sizes", "admission", "prompt_ends", "free_pass"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-        k = self.sample
-        if isinstance(k, bool) or not isinstance(k, int):
-            raise TypeError(f"sample must be an int >= 0, got {k!r}")
-        if k < 0:
-            raise ValueError(f"sample must be an int >= 0, got {k!r}")
+            as_bool(getattr(self, name), name)
+        as_int_nonnegative(self.sample, "sample")
 
 
 class MambaRadix(Policy):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from mambaradix.core.node import TreeNode
@@ -18,6 +17,7 @@ from mambaradix.replay.policies.base import (
     normalise,
 )
 from mambaradix.scheduler import STOP
+from mambaradix.validate import as_finite_nonnegative, as_int_nonnegative
 
 
 class Marconi(Policy):
@@ -43,13 +43,10 @@ class Marconi(Policy):
     alphas = C.MARCONI_ALPHAS
 
     def __init__(self, alpha: float | None = None, bootstrap_multiplier: int | None = None) -> None:
-        check_alpha(alpha)
+        if alpha is not None:
+            as_finite_nonnegative(alpha, "alpha", "a finite number >= 0 or None")
         if bootstrap_multiplier is not None:
-            b = bootstrap_multiplier
-            if isinstance(b, bool) or not isinstance(b, int):
-                raise TypeError(f"bootstrap_multiplier must be an int >= 0, got {b!r}")
-            if b < 0:
-                raise ValueError(f"bootstrap_multiplier must be an int >= 0, got {b!r}")
+            as_int_nonnegative(bootstrap_multiplier, "bootstrap_multiplier")
         self.alpha = 0.0 if alpha is None else float(alpha)
         self.tune = alpha is None
         boot = C.MARCONI_BOOTSTRAP if bootstrap_multiplier is None else bootstrap_multiplier
@@ -117,14 +114,3 @@ class Marconi(Policy):
         held = len(node.key) * ctx.kv_unit_bytes + ctx.state_bytes
         self.efficiency[node] = saved / held
         return saved / held
-
-
-def check_alpha(alpha: object) -> None:
-    """TypeError / ValueError unless alpha is None or a finite number >= 0."""
-    if alpha is None:
-        return
-    message = f"alpha must be a finite number >= 0 or None, got {alpha!r}"
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float):
-        raise TypeError(message)
-    if not math.isfinite(alpha) or alpha < 0:
-        raise ValueError(message)
