@@ -24,7 +24,7 @@ import zmq
 
 from mambaradix import MambaRadixCache
 from mambaradix.events import EventEmitter
-from mambaradix.events.publisher import ZmqPublisher
+from mambaradix.events.publisher import END_SEQ, ZmqPublisher
 from mambaradix.events.wire import encode_batch
 from mambaradix.index import Indexer
 from mambaradix.index.server import IndexServer
@@ -475,3 +475,58 @@ def test_a_replay_endpoint_nobody_serves_never_blocks(tmp_path: Path) -> None:
     finally:
         sub.close()
         prod.pub.close()
+
+
+def test_a_late_end_marker_does_not_end_the_next_replay() -> None:
+    """A replay request that timed out may still be answered; its end marker must not be
+    taken for the end of the request sent after it (the protocol has no request ids)."""
+    tree = MambaRadixCache(page_size=1)
+    emitter = EventEmitter(tree, B)
+    truth = Indexer(B)
+    truth.add_worker(1)
+    payloads = []
+    for i in range(3):  # three batches, seq 0-2
+        tree.insert(keys(i), list(range(10 * i, 10 * i + len(keys(i)))), state=i)
+        events = emitter.take()
+        truth.apply(1, events)
+        payloads.append(encode_batch(events))
+    ctx = zmq.Context.instance()
+    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    for sock in (pub, router):
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(LOOPBACK)
+    sub = ZmqSubscriber(Indexer(B), timeout_s=0.5)
+    try:
+        endpoints = [s.getsockopt_string(zmq.LAST_ENDPOINT) for s in (pub, router)]
+        sub.add(1, *endpoints)
+        feed = sub.feeds[1]
+        sub.poll(0.01)  # sends the cold start's request (from seq 0)
+        assert router.poll(5000), "no cold-start request"
+        first = router.recv_multipart()
+        wait_until(lambda: feed.waiting is None, lambda: sub.poll(0.05))  # unanswered: gave up
+        assert feed.counts["cleared"] == 1
+        # seq 2 arrives live; 0 and 1 are missing, so a second request goes out
+        live = [b"", (2).to_bytes(8, "big"), payloads[2]]
+        wait_until(
+            lambda: feed.waiting == "replay", lambda: (pub.send_multipart(live), sub.poll(0.05))
+        )
+        assert router.poll(5000), "no request for the gap"
+        second = router.recv_multipart()
+        while router.poll(0):  # the live sends above may have asked more than once
+            second = router.recv_multipart()
+        assert second[-1] == (0).to_bytes(8, "big")
+        router.send_multipart([first[0], b"", END_SEQ, b""])  # the first request's late end
+        deadline = time.monotonic() + 0.2  # well inside the 0.5 s the second may take
+        while time.monotonic() < deadline:
+            sub.poll(0.02)
+        assert feed.waiting == "replay", "the first request's end marker ended the second"
+        for seq in (0, 1):
+            router.send_multipart([second[0], b"", seq.to_bytes(8, "big"), payloads[seq]])
+        router.send_multipart([second[0], b"", END_SEQ, b""])
+        wait_until(lambda: feed.last == 2 and feed.waiting is None, lambda: sub.poll(0.02))
+        assert feed.counts["cleared"] == 1  # only the cold start's give-up
+        assert all(sub.indexer.query(q).get(1) == truth.query(q)[1] for q in PROMPTS)
+    finally:
+        sub.close()
+        pub.close(linger=0)
+        router.close(linger=0)

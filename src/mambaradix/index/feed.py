@@ -48,7 +48,8 @@ class WorkerFeed:
         self._request: bytes | None = None
         self._in_flight = 0  # requests sent whose end marker has not arrived
         self.counts = dict.fromkeys(
-            ("applied", "duplicates", "replays", "malformed", "cleared", "snapshots"), 0
+            ("applied", "duplicates", "replays", "malformed", "cleared", "snapshots", "timeouts"),
+            0,
         )
         if worker_id not in indexer.worker_ids():
             indexer.add_worker(worker_id)
@@ -100,7 +101,8 @@ class WorkerFeed:
 
     def tick(self, now: float) -> None:
         if self.waiting is not None and now - self._since > self.timeout_s:
-            self._in_flight = 0
+            self._in_flight = 0  # forgotten: the transport must drop their late answers
+            self.counts["timeouts"] += 1
             self._give_up(f"no answer to the {self.waiting} request in {self.timeout_s} s", now)
 
     # ----------------------------------------------------------------- helpers

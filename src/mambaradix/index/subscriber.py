@@ -5,6 +5,11 @@ and, when given, a DEALER socket to its replay ROUTER. What a worker's `WorkerFe
 asks for (a replay from a seq, or a snapshot) is sent there; the answers are offered to
 the feed like live batches, and the end marker closes the request. Every wait is bounded:
 `poll(timeout_s)` returns after at most about `timeout_s`.
+
+Answers carry no request id, so a request the feed gave up on (timed out) could still be
+answered later, and its end marker would close the request sent after it. The DEALER is
+therefore replaced before the first request that follows a timeout: the publisher's late
+answers go to a socket that no longer exists.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ class ZmqSubscriber:
         self._poller = zmq.Poller()
         self.feeds: dict[int, WorkerFeed] = {}
         self._by_socket: dict[zmq.Socket[bytes], tuple[WorkerFeed, bool]] = {}
-        self._replay: dict[int, zmq.Socket[bytes]] = {}
+        # worker id -> (DEALER, its endpoint, the feed's timeouts when it was made)
+        self._replay: dict[int, tuple[zmq.Socket[bytes], str, int]] = {}
         self.bad_frames = 0
 
     def add(self, worker_id: int, endpoint: str, replay_endpoint: str | None = None) -> None:
@@ -66,7 +72,7 @@ class ZmqSubscriber:
             self._by_socket[sock] = (feed, is_replay)
             self._poller.register(sock, zmq.POLLIN)
         if replay_endpoint is not None:
-            self._replay[worker_id] = sockets[1]
+            self._replay[worker_id] = (sockets[1], replay_endpoint, 0)
             with self._lock:
                 feed.start_cold(time.monotonic())
         self.feeds[worker_id] = feed
@@ -129,7 +135,7 @@ class ZmqSubscriber:
             request = feed.take_request()
             if request is None:
                 continue
-            dealer = self._replay.get(worker_id)
+            dealer = self._dealer(worker_id, feed)
             try:
                 if dealer is None:
                     raise zmq.Again
@@ -138,6 +144,28 @@ class ZmqSubscriber:
             except zmq.Again:
                 with self._lock:
                     feed.replay_ended(time.monotonic())  # nobody to ask
+
+    def _dealer(self, worker_id: int, feed: WorkerFeed) -> zmq.Socket[bytes] | None:
+        """The worker's replay socket, a fresh one if a request timed out since it was
+        made (None: no replay endpoint, or it cannot be reconnected)."""
+        if worker_id not in self._replay:
+            return None
+        old, endpoint, timeouts = self._replay[worker_id]
+        if timeouts == feed.counts["timeouts"]:
+            return old
+        self._poller.unregister(old)
+        del self._by_socket[old]
+        old.close(linger=0)
+        del self._replay[worker_id]
+        try:
+            new = self._socket(zmq.DEALER, endpoint)
+        except zmq.ZMQError as e:  # it connected before; if not now, nobody answers
+            log.warning("worker %s: replay socket not reconnected: %s", worker_id, e)
+            return None
+        self._replay[worker_id] = (new, endpoint, feed.counts["timeouts"])
+        self._by_socket[new] = (feed, True)
+        self._poller.register(new, zmq.POLLIN)
+        return new
 
     def close(self) -> None:
         for sock in self._by_socket:
