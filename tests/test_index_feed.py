@@ -254,3 +254,40 @@ def test_bad_settings_name_the_parameter() -> None:
         with pytest.raises(ValueError, match=name):
             WorkerFeed(ix, 1, **kw)  # type: ignore[arg-type]
     assert ix.worker_ids() == []
+
+
+def test_a_live_stream_that_goes_back_is_a_restarted_publisher() -> None:
+    """Live batches of one publisher come in strictly rising seq order (PUB/SUB never
+    repeats or reorders): a live seq not above the previous live one means the publisher
+    restarted, numbering from 0 again. What the old one stored is then gone."""
+    ix, f = feed()
+    for n, batch in enumerate((enc(X), enc(Y), enc(Z))):
+        f.offer(n, batch, 0.0, live=True)
+    assert matched(ix, [3, 4, 5, 6]) == 4
+    f.offer(0, enc(BlockStored((7,), None, [9, 9], 2)), 1.0, live=True)  # the new process
+    assert matched(ix, [1, 2]) == 0 and matched(ix, [3, 4, 5, 6]) == 0  # the old blocks
+    assert matched(ix, [9, 9]) == 2 and f.last == 0  # the new stream, from its start
+    assert f.counts["restarts"] == 1 and f.counts["cleared"] == 1
+    f.offer(1, enc(BlockStored((8,), 7, [9, 8], 2)), 1.0, live=True)
+    assert matched(ix, [9, 9, 9, 8]) == 4 and f.counts["duplicates"] == 0
+
+
+def test_a_restart_first_seen_part_way_asks_the_new_publisher_from_zero() -> None:
+    ix, f = feed()
+    for n in range(3):
+        f.offer(n, enc(X), 0.0, live=True)
+    f.offer(1, enc(Y), 1.0, live=True)  # the new process's seq 0 was lost
+    assert matched(ix, [1, 2]) == 0 and f.take_request() == seq(0)
+    f.offer(0, enc(Z), 1.1)  # the replay, from the new publisher
+    f.replay_ended(1.1)
+    assert f.last == 1 and matched(ix, [3, 4]) == 2 and f.counts["restarts"] == 1
+
+
+def test_replayed_and_held_batches_are_not_a_restart() -> None:
+    ix, f = feed()
+    f.offer(0, enc(X), 0.0, live=True)
+    f.offer(2, enc(Z), 0.0, live=True)  # a gap: 1 is asked for
+    f.offer(1, enc(Y), 0.1)  # replayed (not live): fills the gap
+    f.offer(2, enc(Z), 0.1)  # replayed again: a duplicate, not a restart
+    f.offer(3, enc(BlockRemoved((3,))), 0.2, live=True)
+    assert f.counts["restarts"] == 0 and f.last == 3 and matched(ix, [3, 4]) == 2

@@ -15,6 +15,11 @@ keep one promise: **everything credited was seen stored and not seen removed sin
    what follows the bad event) and asks for a snapshot; later batches wait for it until
    it comes or times out (an engine's publisher has no snapshots: rule 4 then applies).
 6. A first batch other than seq 0 asks for a replay from 0 (a cold start).
+7. A live batch (from the subscription, not a replay) whose seq is not above the previous
+   live one means the publisher restarted: one publisher's live batches arrive in rising
+   seq order, and a new process numbers from 0 again. The worker is cleared and the feed
+   starts over as at a cold start, from this batch. (A restart is missed only when the
+   first live batch seen from the new process is numbered above the old one's last.)
 """
 
 from __future__ import annotations
@@ -48,9 +53,22 @@ class WorkerFeed:
         self._request: bytes | None = None
         self._in_flight = 0  # requests sent whose end marker has not arrived
         self.counts = dict.fromkeys(
-            ("applied", "duplicates", "replays", "malformed", "cleared", "snapshots", "timeouts"),
+            (
+                "applied",
+                "duplicates",
+                "replays",
+                "malformed",
+                "cleared",
+                "snapshots",
+                "timeouts",
+                "restarts",
+            ),
             0,
         )
+        self._live_last: int | None = None  # the seq of the latest live batch
+        # Bumped when requests in flight are forgotten (a timeout, a restart): their late
+        # answers must then be dropped by the transport (see ZmqSubscriber).
+        self.forgotten = 0
         if worker_id not in indexer.worker_ids():
             indexer.add_worker(worker_id)
 
@@ -69,7 +87,12 @@ class WorkerFeed:
         self._in_flight += out is not None
         return out
 
-    def offer(self, seq: int, payload: bytes, now: float) -> None:
+    def offer(self, seq: int, payload: bytes, now: float, live: bool = False) -> None:
+        """One batch: `live` when it came from the subscription, not from a replay."""
+        if live:
+            if self._live_last is not None and seq <= self._live_last:
+                self._restart(seq, now)
+            self._live_last = seq
         snapshot_wait = self.waiting == "snapshot"
         if self.last is not None and seq <= self.last and not (snapshot_wait and seq == self.last):
             self.counts["duplicates"] += 1
@@ -101,7 +124,8 @@ class WorkerFeed:
 
     def tick(self, now: float) -> None:
         if self.waiting is not None and now - self._since > self.timeout_s:
-            self._in_flight = 0  # forgotten: the transport must drop their late answers
+            self._in_flight = 0
+            self.forgotten += 1
             self.counts["timeouts"] += 1
             self._give_up(f"no answer to the {self.waiting} request in {self.timeout_s} s", now)
 
@@ -148,6 +172,21 @@ class WorkerFeed:
             self.indexer.apply(self.worker_id, batch.events[batch.trusted_from :])
         self.last = seq if self.last is None else max(self.last, seq)
         self.waiting, self._since, self._request = "snapshot", now, SNAPSHOT_REQUEST
+
+    def _restart(self, seq: int, now: float) -> None:
+        """Rule 7: forget the old publisher (its blocks, held batches and requests)."""
+        log.warning(
+            "worker %s: live seq %s after %s: the publisher restarted; cleared",
+            self.worker_id,
+            seq,
+            self._live_last,
+        )
+        self.counts["restarts"] += 1
+        self._clear()
+        self.last, self.waiting, self._request = None, None, None
+        self.held.clear()
+        self._in_flight = 0
+        self.forgotten += 1
 
     def _clear(self) -> None:
         self.indexer.clear_worker(self.worker_id)

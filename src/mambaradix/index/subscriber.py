@@ -6,9 +6,9 @@ asks for (a replay from a seq, or a snapshot) is sent there; the answers are off
 the feed like live batches, and the end marker closes the request. Every wait is bounded:
 `poll(timeout_s)` returns after at most about `timeout_s`.
 
-Answers carry no request id, so a request the feed gave up on (timed out) could still be
-answered later, and its end marker would close the request sent after it. The DEALER is
-therefore replaced before the first request that follows a timeout: the publisher's late
+Answers carry no request id, so a request the feed forgot (it timed out, or the publisher
+restarted) could still be answered later, and its end marker would close the request sent
+after it. The DEALER is therefore replaced before the first request that follows: late
 answers go to a socket that no longer exists.
 """
 
@@ -47,7 +47,7 @@ class ZmqSubscriber:
         self._poller = zmq.Poller()
         self.feeds: dict[int, WorkerFeed] = {}
         self._by_socket: dict[zmq.Socket[bytes], tuple[WorkerFeed, bool]] = {}
-        # worker id -> (DEALER, its endpoint, the feed's timeouts when it was made)
+        # worker id -> (DEALER, its endpoint, the feed's `forgotten` when it was made)
         self._replay: dict[int, tuple[zmq.Socket[bytes], str, int]] = {}
         self.bad_frames = 0
 
@@ -127,7 +127,7 @@ class ZmqSubscriber:
             log.warning("worker %s: a message of %d frames ignored", feed.worker_id, len(frames))
             return 0
         with self._lock:
-            feed.offer(int.from_bytes(frames[0], "big"), frames[1], time.monotonic())
+            feed.offer(int.from_bytes(frames[0], "big"), frames[1], time.monotonic(), not is_replay)
         return 1
 
     def _send_requests(self) -> None:
@@ -146,12 +146,12 @@ class ZmqSubscriber:
                     feed.replay_ended(time.monotonic())  # nobody to ask
 
     def _dealer(self, worker_id: int, feed: WorkerFeed) -> zmq.Socket[bytes] | None:
-        """The worker's replay socket, a fresh one if a request timed out since it was
-        made (None: no replay endpoint, or it cannot be reconnected)."""
+        """The worker's replay socket, a fresh one if the feed forgot requests since it
+        was made (None: no replay endpoint, or it cannot be reconnected)."""
         if worker_id not in self._replay:
             return None
-        old, endpoint, timeouts = self._replay[worker_id]
-        if timeouts == feed.counts["timeouts"]:
+        old, endpoint, forgotten = self._replay[worker_id]
+        if forgotten == feed.forgotten:
             return old
         self._poller.unregister(old)
         del self._by_socket[old]
@@ -162,7 +162,7 @@ class ZmqSubscriber:
         except zmq.ZMQError as e:  # it connected before; if not now, nobody answers
             log.warning("worker %s: replay socket not reconnected: %s", worker_id, e)
             return None
-        self._replay[worker_id] = (new, endpoint, feed.counts["timeouts"])
+        self._replay[worker_id] = (new, endpoint, feed.forgotten)
         self._by_socket[new] = (feed, True)
         self._poller.register(new, zmq.POLLIN)
         return new
