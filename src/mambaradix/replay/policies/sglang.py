@@ -20,7 +20,11 @@ class SGLangExtraBuffer(SGLang):
     """SGLang 0.5.15.post1's default strategy for Nemotron-H and Qwen3-Next (a
     default deployment runs it): extra_buffer, ping-pong track slots, states
     only at tracked positions (chunk-aligned prefill positions, the branching
-    point, every track_interval while decoding)."""
+    point, every track_interval while decoding). Departure: its overlap
+    scheduler (on by default with extra_buffer) processes a step's results
+    while the next step runs; the replay's loop is the non-overlap one, so
+    finished requests are cached and freed one step earlier than there. The
+    two track slots per request are the overlap default's."""
 
     name = "sglang-extra-buffer"
     strategy = "extra_buffer"
