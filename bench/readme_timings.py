@@ -1,6 +1,6 @@
 """Every time the README states, checked within a factor of 2 on this machine.
 
-    .venv/bin/python bench/readme_timings.py             # everything (about 10 min; run it idle)
+    .venv/bin/python bench/readme_timings.py             # everything (about 37 min; run it idle)
     .venv/bin/python bench/readme_timings.py --dry-run   # read and cross-check the claims only
     .venv/bin/python bench/readme_timings.py --only engine,replay_table
 
