@@ -1,6 +1,6 @@
 """Cost of `insert`'s KV ownership check (issue 7): the tree before it vs this checkout.
 
-    .venv/bin/python bench/bench_held_kv.py [--base 6b439c9 --repeats 7 --ops 40000 --seed 0]
+    .venv/bin/python bench/bench_held_kv.py [--base 6b439c9 --repeats 7 --ops 40000 --seed 0 --parts]
 
 Replays `bench_vs_sglang.py`'s serving-like op sequence (same generator, same defaults),
 in one process, through three trees, in both modes (compat="sglang" and the default):
@@ -11,10 +11,13 @@ in one process, through three trees, in both modes (compat="sglang" and the defa
            accepts everything and records nothing (the check's own cost, nothing else);
 * head:    this checkout's tree as shipped.
 
-Each repeat replays all six (tree, mode) pairs in rotating order on fresh caches. The score
-of a replay is its timed total (the sum over ops of the cache call alone, as in
-`bench_vs_sglang.py`); ratios are taken per repeat (head / base and head / nocheck of the
-same repeat), and their median and range are printed.
+With `--parts`, one more tree splits the check's cost in two:
+
+* mark:    claims take the indices as one run without proving it (unsafe; measured only
+           for the split): they check and mark the byte map through `HeldKV`'s general
+           paths (`_any_held`, `_mark_run`, slower than `claim`'s inlined fast path);
+           releases are `HeldKV`'s own. head - mark is then the run proof (a lower bound),
+           mark - nocheck the byte map (an upper bound).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from workload import OP_NAMES, WorkloadConfig, generate  # noqa: E402
 
 MODES = {"compat": "sglang", "default": None}
 TREES = ("base", "nocheck", "head")
+PARTS = ("mark",)
 
 
 def load_tree(src: Path) -> Any:
@@ -77,13 +81,33 @@ class AcceptAll:
         pass
 
 
-def without_check(cls: Any) -> Any:
-    class NoCheck(cls):  # type: ignore[misc, valid-type]
+def part_trees(head: Any) -> dict[str, Any]:
+    """The --parts tree, built on `head`'s own copy of `HeldKV` (see the docstring)."""
+    held_kv = head._init_tree.__globals__["HeldKV"]
+
+    class MarkOnly(held_kv):  # type: ignore[misc, valid-type]
+        def claim(self, values: array[int], start: int, keep: int) -> bool | None:
+            n = len(values) - start
+            if n <= 0:
+                return True
+            a = values[start]
+            if self._any_held(a, a + n):
+                return None
+            self._mark_run(a + keep - start, a + n)
+            return True
+
+    return {"mark": with_held(head, MarkOnly)}
+
+
+def with_held(cls: Any, make: Any) -> Any:
+    """`cls` with its record of held KV indices made by `make()`."""
+
+    class Swapped(cls):  # type: ignore[misc, valid-type]
         def _init_tree(self) -> None:
             super()._init_tree()
-            self._held_kv = AcceptAll()
+            self._held_kv = make()
 
-    return NoCheck
+    return Swapped
 
 
 def per_op_median(runs: list[Any], n: int) -> list[int]:
@@ -95,21 +119,21 @@ def timed_ms(r: Any) -> float:
     return sum(t for t in r.times if t >= 0) / 1e6
 
 
-def report(w: Any, runs: dict[tuple[str, str], list[Any]]) -> None:
+def report(w: Any, runs: dict[tuple[str, str], list[Any]], trees: tuple[str, ...]) -> None:
     kinds = [OP_NAMES[op[0]] for op in w.ops]
     print("\nms: sum over ops of each op's median over repeats; ratios of those sums")
     for m in MODES:
-        med = {t: per_op_median(runs[t, m], len(w.ops)) for t in TREES}
+        med = {t: per_op_median(runs[t, m], len(w.ops)) for t in trees}
         for kind in ("insert", "evict", "all"):
             tot = {
                 t: sum(
                     x for x, k in zip(med[t], kinds, strict=True) if x >= 0 and kind in (k, "all")
                 )
-                for t in TREES
+                for t in trees
             }
             print(
                 f"{m:>8} {kind:>6}: "
-                + ", ".join(f"{t} {tot[t] / 1e6:.1f}" for t in TREES)
+                + ", ".join(f"{t} {tot[t] / 1e6:.1f}" for t in trees)
                 + f"; head/base {tot['head'] / tot['base']:.3f}"
                 + f", head/nocheck {tot['head'] / tot['nocheck']:.3f}"
             )
@@ -132,15 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--ops", type=int, default=40_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parts", action="store_true", help="also time the mark tree")
     args = ap.parse_args(argv)
     warm_allocator()
     with tempfile.TemporaryDirectory() as tmp:
         classes = {"base": load_tree(export_src(args.base, Path(tmp)))}
     head = load_tree(REPO / "src")
-    classes.update(nocheck=without_check(head), head=head)
+    classes.update(nocheck=with_held(head, AcceptAll), head=head, **part_trees(head))
     w = generate(WorkloadConfig(seed=args.seed, n_ops=args.ops))
     print(f"workload: {w.describe()}; base={args.base}; repeats={args.repeats}")
-    pairs = [(t, m) for m in MODES for t in TREES]
+    trees = TREES + (PARTS if args.parts else ())
+    pairs = [(t, m) for m in MODES for t in trees]
     for t, m in pairs:  # warm-up
         replay_ours(w, MODES[m], limit=3000, cache_cls=classes[t])
     runs: dict[tuple[str, str], list[Any]] = {p: [] for p in pairs}
@@ -152,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             f"repeat {rep + 1}: "
             + " ".join(f"{t}/{m}={timed_ms(runs[t, m][-1]):.0f}" for t, m in pairs)
         )
-    report(w, runs)
+    report(w, runs, trees)
     return 0
 
 
