@@ -1,6 +1,6 @@
 """Cost of `insert`'s KV ownership check (issue 7): the tree before it vs this checkout.
 
-    .venv/bin/python bench/bench_held_kv.py [--base 6b439c9 --repeats 7 --ops 40000 --seed 0 --parts]
+    .venv/bin/python bench/bench_held_kv.py [--base 6b439c9 --repeats 7 --ops 40000 --parts]
 
 Replays `bench_vs_sglang.py`'s serving-like op sequence (same generator, same defaults),
 in one process, through three trees, in both modes (compat="sglang" and the default):
