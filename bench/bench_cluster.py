@@ -21,6 +21,7 @@ import json
 import pstats
 import time
 from pathlib import Path
+from typing import Any
 
 from mambaradix.replay.cluster import Cluster, ClusterSpec, cluster_replay
 from mambaradix.replay.cluster_cli import table
@@ -105,6 +106,12 @@ def routes_differ(
         took = time.perf_counter() - start
         placed[router] = [r.instance for r in c.routes if r is not None]
         print(f"{router}: {took:.1f} s")
+    for router in pair:
+        stay, later = sticky(trace.requests, placed[router])
+        print(
+            f"{router}: {stay} of {later} later turns ({stay / max(later, 1):.1%}) placed "
+            "where their session's previous turn went"
+        )
     a, b = (placed[r] for r in pair)
     apart = sum(x != y for x, y in zip(a, b, strict=True))
     first = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
@@ -113,6 +120,19 @@ def routes_differ(
         f"({apart / len(a):.1%}) placed apart by {pair[0]} and {pair[1]}; "
         f"the first is request {first}"
     )
+
+
+def sticky(requests: list[Any], instances: list[int]) -> tuple[int, int]:
+    """(turns placed on the instance of their session's previous turn, turns that have a
+    previous turn), in arrival order."""
+    previous: dict[Any, int] = {}
+    stay = later = 0
+    for req, inst in zip(requests, instances, strict=True):
+        if req.session_id in previous:
+            later += 1
+            stay += previous[req.session_id] == inst
+        previous[req.session_id] = inst
+    return stay, later
 
 
 if __name__ == "__main__":
