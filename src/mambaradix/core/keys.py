@@ -32,6 +32,15 @@ def as_int_array(seq: Any, name: str) -> array[int]:
         raise TypeError(f"{name} must be a sequence of 64-bit ints: {e}") from None
 
 
+def check_hashable(value: Any, name: str) -> None:
+    """TypeError naming `name` unless `value` hashes (a namespace key). Not
+    isinstance(Hashable): a tuple holding a list is one, yet cannot hash."""
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"{name} must be hashable, got {type(value).__name__}") from None
+
+
 def common_prefix_len(edge: array[int], tokens: array[int], off: int) -> int:
     """Length of the common prefix of `edge` and `tokens[off:]`.
 

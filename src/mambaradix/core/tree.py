@@ -34,7 +34,7 @@ from array import array
 from typing import Any, Protocol
 
 from mambaradix.core.held import HeldKV
-from mambaradix.core.keys import EMPTY, as_int_array, common_prefix_len
+from mambaradix.core.keys import EMPTY, as_int_array, check_hashable, common_prefix_len
 from mambaradix.core.lru import LRUList
 from mambaradix.core.node import Resource, TreeNode
 from mambaradix.core.results import EvictResult, InsertResult, MatchResult
@@ -178,11 +178,7 @@ class MambaRadixCache:
 
     def _check_namespace(self, extra_key: Any) -> None:
         if extra_key is not None:
-            try:  # not isinstance(Hashable): a tuple holding a list is one, yet cannot hash
-                hash(extra_key)
-            except TypeError:
-                name = type(extra_key).__name__
-                raise TypeError(f"extra_key must be hashable, got {name}") from None
+            check_hashable(extra_key, "extra_key")
 
     def _child_key(self, node: TreeNode, tokens: array[int], off: int, extra_key: Any) -> Any:
         """Key of `node.children` for the edge starting at tokens[off]. Namespaces

@@ -37,7 +37,6 @@ the shortfall and only the slots the batch will take).
 
 from __future__ import annotations
 
-import operator
 from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -46,6 +45,7 @@ from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle.request import Request
+from mambaradix.pools._checks import as_int
 
 STRATEGIES = ("no_buffer", "extra_buffer")
 SGLANG_STATE_HEADROOM = 3  # MAMBA_STATE_PER_REQ_PREFIX_CACHE: 2 ping-pong + 1 running
@@ -163,9 +163,7 @@ class CacheManager:
         False, with nothing staged, if no slot can be had for it."""
         if req in self.active or req.node is not None:
             raise ValueError("request is already matched or admitted")
-        if isinstance(key_len, bool) or not hasattr(key_len, "__index__"):
-            raise TypeError(f"key_len must be an int, got {type(key_len).__name__}")
-        key_len = operator.index(key_len)
+        key_len = as_int(key_len, "key_len")
         if not 0 <= key_len <= req.total_len:
             raise ValueError(f"key_len={key_len} outside [0, {req.total_len}]")
         m = self.tree.match_prefix(req.tokens[:key_len], req.extra_key)
@@ -365,9 +363,7 @@ class CacheManager:
     def track(self, req: Request, position: int) -> None:
         """extra_buffer: the forward wrote the state after `position` tokens
         into `track_slots[next_track]`; the ping-pong moves on."""
-        if isinstance(position, bool) or not hasattr(position, "__index__"):
-            raise TypeError(f"position must be an int, got {type(position).__name__}")
-        position = operator.index(position)
+        position = as_int(position, "position")
         if req.track_slots is None or not 0 < position <= req.computed:
             raise ValueError(f"cannot track position {position} of this request")
         if position < req.prefix_len:  # the forward never ran there: no state to cache

@@ -98,6 +98,15 @@ def unpaged_policies(policies: list[str], trace: Trace, cfg: ServingConfig) -> l
     return [p for p in policies if page > 1 and policy_strategy(p) == "no_buffer"]
 
 
+def check_instanced(policies: list[str], name: str) -> None:
+    """ValueError if `policies` (checked names) hold the oracle, which runs the
+    trace once per alpha and has no form over instances."""
+    from mambaradix.replay.policies import ORACLE
+
+    if ORACLE in policies:
+        raise ValueError(f"{name}: {ORACLE} (a run per alpha) is not run over instances")
+
+
 def check_paged(policies: list[str], trace: Trace, cfg: ServingConfig, name: str) -> None:
     """ValueError naming the first of `policies` that cannot run at this page size."""
     left_out = unpaged_policies(policies, trace, cfg)

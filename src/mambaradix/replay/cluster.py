@@ -49,13 +49,14 @@ from mambaradix.index import Indexer, Overlap
 from mambaradix.replay.checks import (
     check_cluster,
     check_inputs,
+    check_instanced,
     check_paged,
     check_policies,
     policy_strategy,
 )
 from mambaradix.replay.fit import check_memory
 from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.policies import ORACLE, Marconi, make_policy
+from mambaradix.replay.policies import Marconi, make_policy
 from mambaradix.replay.routers import Load, Route, Router, make_router
 from mambaradix.replay.run import attach_tuner, summarize
 from mambaradix.replay.serving import ServingConfig, ServingModel
@@ -255,8 +256,7 @@ def cluster_replay(
     checks, and the router and spec, before any instance is built."""
     check_inputs(trace, profile, cfg)
     check_policies([policy], "policy")
-    if policy == ORACLE:
-        raise ValueError(f"policy: {ORACLE} (a run per alpha) is not run over instances")
+    check_instanced([policy], "policy")
     check_paged([policy], trace, cfg, "policy")
     check_cluster([router], spec, trace, cfg, ("router", "spec"))
     check_memory(trace, profile, cfg, {policy: policy_strategy(policy)})

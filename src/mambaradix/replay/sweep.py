@@ -13,6 +13,7 @@ from mambaradix.replay.cells import Cell, build_cells, row_key, run_cell
 from mambaradix.replay.checks import (
     check_cluster,
     check_inputs,
+    check_instanced,
     check_paged,
     check_policies,
     check_reals,
@@ -24,7 +25,6 @@ from mambaradix.replay.executors import run_on
 from mambaradix.replay.fit import check_memory
 from mambaradix.replay.forked import run_forked
 from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.policies import ORACLE
 from mambaradix.replay.progress import Counter, counter
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.shards import Shard, shard_header
@@ -116,8 +116,8 @@ def _cells(
     With a cluster, each instance has `memory` of its own: the same checks hold."""
     check_inputs(trace, profile, base)
     policies = check_policies(policies)
-    if cluster is not None and ORACLE in policies:
-        raise ValueError(f"policies: {ORACLE} (a run per alpha) is not run over instances")
+    if cluster is not None:
+        check_instanced(policies, "policies")
     check_paged(policies, trace, base, "policies")
     routers = check_cluster(routers, cluster, trace, base)
     strategies = {p: policy_strategy(p) for p in policies}

@@ -6,7 +6,7 @@ from array import array
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from mambaradix.core.keys import as_int_array
+from mambaradix.core.keys import as_int_array, check_hashable
 from mambaradix.lifecycle import Request
 from mambaradix.pools._checks import as_int
 
@@ -74,11 +74,8 @@ class Sequence:
             self.decode_steps = as_int(self.decode_steps, "decode_steps")
             if self.decode_steps < self.max_new_tokens - 1:
                 raise ValueError("decode_steps must be at least max_new_tokens - 1")
-        try:  # a tree keys its namespaces by it: refuse here, not in the middle of a step
-            hash(self.extra_key)
-        except TypeError:
-            name = type(self.extra_key).__name__
-            raise TypeError(f"extra_key must be hashable, got {name}") from None
+        # a tree keys its namespaces by it: refuse here, not in the middle of a step
+        check_hashable(self.extra_key, "extra_key")
         self.req = Request(prompt, self.extra_key)
 
     @property
