@@ -39,6 +39,7 @@ SLOW = (
 )
 SLOW_COMMANDS = (".venv/bin/mambaradix replay --memory 20",)  # the full trace's queues
 # What a command looks like, to catch one left in a block that is not ```bash.
+SHELLS = ("sh", "shell", "console", "zsh", "shell-session", "bash-session")
 COMMAND_LIKE = re.compile(r"^\s*(\$ |\.venv/bin/|bash |python|pip |curl |/usr/bin/time )")
 
 
@@ -104,10 +105,10 @@ def test_commands_run_by_the_suite_name_its_files() -> None:
 def test_no_command_hides_outside_a_bash_block() -> None:
     for doc, text in DOCS.items():
         for lang, body in readme.fences(text):
-            assert lang in ("bash", "python", ""), f"{doc}: a ```{lang} block (use bash)"
-            if lang == "":
+            assert lang not in SHELLS, f"{doc}: a ```{lang} block: write commands in ```bash"
+            if lang not in ("bash", "python"):
                 found = [line for line in body.splitlines() if COMMAND_LIKE.match(line)]
-                assert not found, f"{doc}: commands in a plain block: {found}"
+                assert not found, f"{doc}: commands in a ```{lang} block: {found}"
 
 
 def test_the_readme_tables_are_the_docs_tables() -> None:
