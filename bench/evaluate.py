@@ -121,8 +121,9 @@ def load_chitchat_heldout() -> Trace:
     return trace
 
 
-def load_material(material: str, limit: int | None) -> dict[str, list[str]]:
-    """Fill _TRACES; return each workload's trace keys (one, or one per seed)."""
+def load_material(material: str, limit: int | None, seeds: int = 0) -> dict[str, list[str]]:
+    """Fill _TRACES; return each workload's trace keys (one, or one per seed; the first
+    `seeds` seeds only if given)."""
     groups: dict[str, list[str]] = {}
     for name in REAL[material]:
         trace = load_chitchat_heldout() if name == "chitchat-heldout" else load(name)
@@ -132,7 +133,7 @@ def load_material(material: str, limit: int | None) -> dict[str, list[str]]:
         groups[name] = [name]
     for name, gen in GENERATORS.items():
         groups[name] = []
-        for seed in SEEDS[material]:
+        for seed in SEEDS[material][: seeds or None]:
             key = f"{name}#{seed}"
             _TRACES[key] = gen(seed=seed)
             groups[name].append(key)
@@ -389,9 +390,10 @@ def main() -> None:
     )
     ap.add_argument("--only", default=None, help="comma-separated workloads (default: all)")
     ap.add_argument("--policies", default=None, help="comma-separated rows (default: all)")
+    ap.add_argument("--seeds", type=int, default=0, help="first N seeds per generator (0: all)")
     args = ap.parse_args()
     start = time.perf_counter()
-    groups = load_material(args.material, args.limit)
+    groups = load_material(args.material, args.limit, args.seeds)
     if args.only:
         groups = {w: ks for w, ks in groups.items() if w in args.only.split(",")}
     ablations = [NO_TUNING, *ABLATIONS]

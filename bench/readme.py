@@ -1,13 +1,17 @@
-"""The README's commands and stated times, as data: read by `tests/test_readme.py`
-(which runs every command) and `bench/readme_timings.py` (which checks every time).
+"""The commands and stated times of the README and of the docs (`docs/**/*.md`), as data:
+read by `tests/test_readme.py` (which runs every command), `tests/test_docs.py` (which builds
+the site) and `bench/readme_timings.py` (which checks every time).
 
-The README's "Every command of this README" table lists each command of its
-code blocks with how the test runs it (column 2) and how long a full run takes
-(column 3). Column 2 is one of:
+`docs/commands.md` ("Every command") has one section per document, headed by its path in
+backquotes (such as ## `README.md` or ## `docs/reference/replay.md`), with a table that lists
+each command of that document's ```bash blocks, in order, with how the test runs it
+(column 2) and how long a full run takes (column 3). Column 2 is one of:
   `runs `CMD`...`       the test runs CMD instead (a script's wrapped command)
   `nothing...`          the test runs the command as written ("this test is part
                         of what it runs": not at all; "exit code 2": it must fail
                         with exit code 2 and stderr must hold the `quoted` text)
+  `by the test suite...` not run here: the test files it names run in the suite
+                        (a `pytest` command), or the `quoted` test runs it
   `in the background`   a server: started with the `quoted` options appended, on a
                         free port instead of the one it names, then stopped
   `against the server`  a client of the server row above it, on the server's port
@@ -17,6 +21,7 @@ code blocks with how the test runs it (column 2) and how long a full run takes
   `needs a GPU`         without CUDA: exit code 2 and the `quoted` text on stderr;
                         with CUDA: run as written
   `OPTIONS`             the test appends OPTIONS
+A command found in several documents is listed in each, the same way, and run once.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-TABLE_HEADING = "## Every command of this README"
+DOCS = REPO / "docs"
+COMMANDS = DOCS / "commands.md"
 
 
 class Claim(NamedTuple):
@@ -50,20 +56,36 @@ class Row(NamedTuple):
     command: str
     test: str  # column 2, raw
     time: str  # column 3, raw
+    doc: str = ""  # the document whose section lists it ("README.md", "docs/...")
 
 
 class Tested(NamedTuple):
     words: list[str] | None  # None: the test does not run it
     exit_code: int
     stderr_has: str | None
-    role: str = "command"  # or "server", "client"
+    role: str = "command"  # or "server", "client", "shard", "merge", "gpu", "suite"
+
+
+def documents() -> dict[str, str]:
+    """Path (relative to the repository) -> text: the README, then every page of docs/."""
+    out = {"README.md": README.read_text(encoding="utf-8")}
+    for path in sorted(DOCS.rglob("*.md")):
+        out[path.relative_to(REPO).as_posix()] = path.read_text(encoding="utf-8")
+    return out
+
+
+def fences(text: str) -> list[tuple[str, str]]:
+    """(language, body) of every fenced code block."""
+    return re.findall(r"^```([\w-]*)\n(.*?)^```", text, flags=re.S | re.M)
 
 
 def bash_commands(text: str) -> list[str]:
     """Every command of the ```bash blocks (continued lines joined), without
     trailing comments."""
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+    for lang, block in fences(text):
+        if lang != "bash":
+            continue
         for line in block.replace("\\\n", " ").splitlines():
             cmd = re.split(r"\s#\s", " " + line, maxsplit=1)[0].strip()
             if cmd:
@@ -71,14 +93,33 @@ def bash_commands(text: str) -> list[str]:
     return out
 
 
-def command_rows(text: str) -> list[Row]:
-    section = text.split(TABLE_HEADING, 1)[1].split("\n## ", 1)[0]
-    rows = []
-    for line in section.splitlines():
-        if line.startswith("| `"):
-            cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
-            rows.append(Row(cells[0].strip("`"), cells[1], cells[2]))
-    return rows
+def command_tables(text: str | None = None) -> dict[str, list[Row]]:
+    """docs/commands.md: document path -> the rows of its section, in order."""
+    text = COMMANDS.read_text(encoding="utf-8") if text is None else text
+    out: dict[str, list[Row]] = {}
+    for section in text.split("\n## ")[1:]:
+        heading, _, body = section.partition("\n")
+        m = re.fullmatch(r"`([^`]+)`", heading.strip())
+        if m is None:
+            continue
+        if m.group(1) in out:
+            raise ValueError(f"{COMMANDS.name}: two sections for {m.group(1)}")
+        out[m.group(1)] = [
+            Row(cells[0].strip("`"), cells[1], cells[2], m.group(1))
+            for line in body.splitlines()
+            if line.startswith("| `")
+            for cells in [[c.strip() for c in line.strip().strip("|").split(" | ")]]
+        ]
+    return out
+
+
+def command_rows(text: str | None = None) -> list[Row]:
+    """Every listed command once (where it is first listed), in the order of docs/commands.md."""
+    rows: dict[str, Row] = {}
+    for section in command_tables(text).values():
+        for row in section:
+            rows.setdefault(row.command, row)
+    return list(rows.values())
 
 
 def _quoted(text: str) -> str | None:
@@ -104,6 +145,8 @@ def how_tested(row: Row) -> Tested:
         return Tested(words, 0, None, "merge")
     if col.startswith("needs a GPU"):
         return Tested(words, 2, _quoted(col), "gpu")
+    if col.startswith("by the test suite"):
+        return Tested(None, 0, None, "suite")
     if col.startswith("runs "):
         words = shlex.split(_quoted(col) or "")
     elif col.startswith("nothing"):
@@ -126,6 +169,8 @@ def to_argv(words: list[str], python: str = sys.executable) -> list[str]:
             out.append(python)
         elif w == ".venv/bin/mambaradix":
             out += [python, "-m", "mambaradix.cli"]
+        elif w == ".venv/bin/mkdocs":
+            out += [python, "-m", "mkdocs"]
         elif w.startswith("bench/"):
             out.append(str(REPO / w))
         else:
@@ -208,7 +253,7 @@ def core_table(text: str) -> dict[str, dict[str, Claim]]:
 def _number(pattern: str, text: str) -> Claim:
     m = re.search(pattern, text)
     if m is None:
-        raise ValueError(f"the README no longer says {pattern!r}")
+        raise ValueError(f"neither the README nor the docs say {pattern!r} any more")
     lo = _int(m.group(1))
     hi = _int(m.group(2)) if m.lastindex and m.lastindex > 1 else lo
     return Claim(lo, hi)
@@ -227,4 +272,5 @@ def indexer_claims(text: str) -> dict[str, Claim]:
 
 
 def read() -> str:
-    return README.read_text(encoding="utf-8")
+    """The README and every page of docs/, as one text (where the stated numbers are found)."""
+    return "\n\n".join(documents().values())

@@ -1,11 +1,11 @@
-"""Every time the README states, checked within a factor of 2 on this machine.
+"""Every time the README and the docs state, checked within a factor of 2 on this machine.
 
     .venv/bin/python bench/readme_timings.py             # everything (about 37 min; run it idle)
     .venv/bin/python bench/readme_timings.py --dry-run   # read and cross-check the claims only
     .venv/bin/python bench/readme_timings.py --only engine,replay_table
 
 Checks (a stated range a-b holds for a measurement in [a/2, 2b]):
-  1. "Every command of this README": each full command's wall time against column 3
+  1. "Every command" (docs/commands.md): each full command's wall time against column 3
      (`bash scripts/main.sh`: the replay it ends with; `bash scripts/test.sh`: ruff, mypy and
      pytest as it runs them; both without the set-up; this script: its own total at the end);
   2. the replay headings: slowest and fastest run's requests/s and the sweep's seconds, from
@@ -15,7 +15,8 @@ Checks (a stated range a-b holds for a measurement in [a/2, 2b]):
   5. the indexer's speed paragraph: events/s, blocks/s and query µs, from the
      `bench/bench_indexer.py` run.
 Not timed: the index server and its `curl` clients (the server runs until stopped), the
-merge of shards (it needs all of them) and the GPU check.
+merge of shards (it needs all of them), the GPU check, the commands the test suite runs
+(`pytest` files, the docs build) and the rows whose time is "not measured".
 Commands run with this Python and the repository's `src` first on the path, in a temporary
 directory (outputs land there). Exit status 1 if any check fails.
 """
@@ -161,8 +162,9 @@ def check_indexer(text: str, tmp: Path, report: Report) -> None:
 
 
 def dry_run(text: str, rows: list[Row]) -> int:
-    """Cross-check the README without running anything."""
-    listed, in_blocks = {r.command for r in rows}, set(readme.bash_commands(text))
+    """Cross-check the README and the docs without running anything."""
+    listed = {r.command for r in rows}
+    in_blocks = {c for doc in readme.documents().values() for c in readme.bash_commands(doc)}
     assert listed == in_blocks, f"table vs code blocks: {listed ^ in_blocks}"
     for r in rows:
         print(f"{str(readme.stated_seconds(r.time) or '-'):>10} s  {r.command}")
@@ -173,7 +175,7 @@ def dry_run(text: str, rows: list[Row]) -> int:
         "indexer paragraph": readme.indexer_claims(text),
     }
     for what, found in parts.items():
-        assert found, f"no {what} found in the README"
+        assert found, f"no {what} found in the README or the docs"
         print(f"{what}: {len(found)} rows")
     return 0
 

@@ -1,8 +1,10 @@
-"""The README is tested: its Python blocks run as written, every command of its
-code blocks is listed in its "Every command of this README" table, and each
-runs (in the reduced form that table states) with the exit code it should;
-the index server runs in the background while the `curl` commands ask it.
-The times the README states are checked by `bench/readme_timings.py`, not here."""
+"""The README and the docs are tested: their Python blocks run as written, every command of
+their code blocks is listed in `docs/commands.md` ("Every command") under its document, and
+each runs (in the reduced form that table states) with the exit code it should; the index
+server runs in the background while the `curl` commands ask it. The README's tables are
+copies of the docs' (so a number is stated once), and its links lead somewhere.
+The times they state are checked by `bench/readme_timings.py`, not here; the site is built
+by `tests/test_docs.py`."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import readme  # noqa: E402
 
-TEXT = readme.read()
-ROWS = readme.command_rows(TEXT)
+DOCS = readme.documents()
+TABLES = readme.command_tables()
+ROWS = readme.command_rows()
 SLOW = (
     "engine",
     "bench/bench_",
@@ -34,6 +37,10 @@ SLOW = (
     "--instances",
     "--executor",
 )
+SLOW_COMMANDS = (".venv/bin/mambaradix replay --memory 20",)  # the full trace's queues
+# What a command looks like, to catch one left in a block that is not ```bash.
+SHELLS = ("sh", "shell", "console", "zsh", "shell-session", "bash-session")
+COMMAND_LIKE = re.compile(r"^\s*(\$ |\.venv/bin/|bash |python|pip |curl |/usr/bin/time )")
 
 
 def env() -> dict[str, str]:
@@ -47,21 +54,93 @@ def cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def test_readme_python_blocks_run() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", TEXT, flags=re.S)
-    assert blocks, "the README has no Python example"
-    for block in blocks:
-        exec(compile(block, str(readme.README), "exec"), {})
+def python_blocks() -> list[object]:
+    out = []
+    for doc, text in DOCS.items():
+        blocks = [body for lang, body in readme.fences(text) if lang == "python"]
+        for i, block in enumerate(blocks):
+            marks = [pytest.mark.slow] if "mambaradix.engine" in block else []
+            out.append(pytest.param(doc, block, marks=marks, id=f"{doc}:{i + 1}"))
+    return out
+
+
+def test_the_readme_has_a_python_example() -> None:
+    assert any(lang == "python" for lang, _ in readme.fences(DOCS["README.md"]))
+
+
+@pytest.mark.parametrize(("doc", "block"), python_blocks())
+def test_python_blocks_run(doc: str, block: str) -> None:
+    exec(compile(block, str(readme.REPO / doc), "exec"), {})
 
 
 def test_every_command_is_in_the_table() -> None:
-    in_blocks = readme.bash_commands(TEXT)
-    assert len(in_blocks) == len(set(in_blocks)), "a command appears twice"
-    assert [r.command for r in ROWS] == in_blocks  # the table lists them in README order
-    # The one command the test cannot run is the test suite itself.
-    assert [r.command for r in ROWS if readme.how_tested(r).words is None] == [
-        "bash scripts/test.sh"
-    ]
+    for doc, text in DOCS.items():
+        in_blocks = readme.bash_commands(text)
+        assert len(in_blocks) == len(set(in_blocks)), f"{doc}: a command appears twice"
+        # the table lists them under the document, in its order
+        listed = [r.command for r in TABLES.get(doc, [])]
+        assert listed == in_blocks, f"{doc}: the table lists {listed}, its blocks {in_blocks}"
+    assert set(TABLES) <= set(DOCS), f"sections for missing documents: {set(TABLES) - set(DOCS)}"
+    for doc, rows in TABLES.items():
+        for row in rows:  # a command found in several documents is tested one way
+            first = next(r for r in ROWS if r.command == row.command)
+            assert (row.test, row.time) == (first.test, first.time), (doc, row.command)
+    # The one command the test cannot run is the test suite itself; the others it does
+    # not run here run in the suite (pytest files, the docs build).
+    tested = {r.command: readme.how_tested(r) for r in ROWS}
+    unrun = [c for c, how in tested.items() if how.words is None and how.role != "suite"]
+    assert unrun == ["bash scripts/test.sh"]
+
+
+def test_commands_run_by_the_suite_name_its_files() -> None:
+    suite = [r for r in ROWS if readme.how_tested(r).role == "suite"]
+    assert suite, "no command is marked as run by the test suite"
+    for row in suite:
+        named = re.findall(r"tests/\w+\.py", row.command + " " + row.test)
+        assert named, f"{row.command}: names no test file"
+        for path in named:
+            assert (readme.REPO / path).is_file(), f"{row.command}: {path} does not exist"
+
+
+def test_no_command_hides_outside_a_bash_block() -> None:
+    for doc, text in DOCS.items():
+        for lang, body in readme.fences(text):
+            assert lang not in SHELLS, f"{doc}: a ```{lang} block: write commands in ```bash"
+            if lang not in ("bash", "python"):
+                found = [line for line in body.splitlines() if COMMAND_LIKE.match(line)]
+                assert not found, f"{doc}: commands in a ```{lang} block: {found}"
+
+
+def test_the_readme_tables_are_the_docs_tables() -> None:
+    """A number is stated once: each table of the README is a table of a docs page."""
+    docs_text = "\n".join(text for doc, text in DOCS.items() if doc != "README.md")
+    tables = re.findall(r"(?:^\|.*\|\n)+", DOCS["README.md"], flags=re.M)
+    results = [t for t in tables if "|---|" in t and not t.startswith("| path |")]
+    assert len(results) == 2, "the README has one results and one performance table"
+    for table in results:
+        assert table in docs_text, f"not in the docs:\n{table}"
+
+
+def slug(heading: str) -> str:
+    """Python-Markdown's default heading id (what mkdocs links to)."""
+    text = re.sub(r"[^\w\s-]", "", heading.strip().lower())
+    return re.sub(r"[-\s]+", "-", text).strip("-")
+
+
+def test_the_readme_links_lead_somewhere() -> None:
+    links = re.findall(r"\]\(([^)#]+)(?:#([^)]+))?\)", DOCS["README.md"])
+    assert links
+    for target, anchor in links:
+        if target.startswith("http"):
+            continue
+        assert (readme.REPO / target).is_file(), f"README links to missing {target}"
+        if anchor:
+            headings = re.findall(r"^#+ (.*)$", DOCS[target], flags=re.M)
+            assert anchor in {slug(h) for h in headings}, f"README links to {target}#{anchor}"
+
+
+def test_the_readme_is_short() -> None:
+    assert len(DOCS["README.md"].splitlines()) <= 350
 
 
 def write_my_trace(cwd: Path) -> None:
@@ -76,9 +155,9 @@ def params() -> list[object]:
         tested = readme.how_tested(row)
         if tested.words is None or tested.role not in ("command", "gpu"):
             continue
-        slow = any(s in row.command for s in SLOW)
+        slow = any(s in row.command for s in SLOW) or row.command in SLOW_COMMANDS
         marks = [pytest.mark.slow] if slow else []
-        out.append(pytest.param(row, tested, marks=marks, id=row.command[:70]))
+        out.append(pytest.param(row, tested, marks=marks, id=row.command[:90]))
     return out
 
 
