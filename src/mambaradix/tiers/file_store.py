@@ -73,6 +73,7 @@ class FileStore(BlobStore):
     # ------------------------------------------------------------------ primitives
 
     def _write(self, name: str, chunks: list[BytesLike], nbytes: int) -> bool:
+        dir_fd = self._fd()
         path = self._path(name)
         old = _size(path)
         if self._capacity is not None and self._used - old + nbytes > self._capacity:
@@ -88,11 +89,12 @@ class FileStore(BlobStore):
             if isinstance(e, OSError):
                 raise StoreError(f"file store {self._root!r}: writing {name}: {e}") from None
             raise
-        os.fsync(self._fd())  # the rename itself survives a crash
+        os.fsync(dir_fd)  # the rename itself survives a crash
         self._used += nbytes - old
         return True
 
     def _read(self, name: str) -> tuple[memoryview, Any] | None:
+        self._fd()
         try:
             fd = os.open(self._path(name), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -117,6 +119,7 @@ class FileStore(BlobStore):
         return [os.path.isfile(self._path(n)) for n in names]
 
     def _delete(self, names: list[str]) -> int:
+        self._fd()
         return sum(self._unlink_object(n, None) for n in names)
 
     def _discard(self, name: str, token: Any) -> None:
