@@ -80,7 +80,8 @@ def test_a_damaged_file_is_a_counted_miss_and_is_removed(tmp_path, damage):
     store = FileStore(tmp_path, NS)
     store.put([(state(0), {"conv": b"x" * 64, "ssm": b"y" * 64}), (kv(0), {"kv": b"k"})])
     path = bin_path(store, state(0))
-    data = bytearray(open(path, "rb").read())
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
     if damage == "flip":
         data[60] ^= 0x01
     elif damage == "truncate":
@@ -89,7 +90,8 @@ def test_a_damaged_file_is_a_counted_miss_and_is_removed(tmp_path, damage):
         data += b"\x00"
     else:
         data = bytearray()
-    open(path, "wb").write(data)
+    with open(path, "wb") as f:
+        f.write(data)
     fresh = FileStore(tmp_path, NS)  # a reader that never saw the good file
     assert fresh.get([state(0), kv(0)])[0] is None
     stats = fresh.stats()

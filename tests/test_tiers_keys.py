@@ -8,8 +8,8 @@ the slow test in test_tiers_upstream.py compares random inputs against it live.
 from __future__ import annotations
 
 import pytest
-import upstream_hicache as upstream
 
+import upstream_hicache as upstream
 from mambaradix.tiers import KV, MAMBA, Namespace, ObjectKey, chain_seed, layout_tag, page_hashes
 from mambaradix.tiers.keys import check_key
 
@@ -50,9 +50,9 @@ def test_chain_seed_equals_sglang_storage_namespace_seed():
 
 def test_object_names_follow_hicache_file():
     h = page_hashes([1, 2, 3], 3)[0]
-    ns = Namespace("nvidia/NVIDIA-Nemotron-H-8B-Base-8K", 1, 2)
-    assert ns.object_name(ObjectKey(h, KV)) == f"{h}_nvidia-NVIDIA-Nemotron-H-8B-Base-8K_1_2"
-    assert ns.object_name(ObjectKey(h, MAMBA)) == f"{h}.mamba_nvidia-NVIDIA-Nemotron-H-8B-Base-8K_1_2"
+    ns = Namespace("nvidia/Nemotron-H-8B", 1, 2)
+    assert ns.object_name(ObjectKey(h, KV)) == f"{h}_nvidia-Nemotron-H-8B_1_2"
+    assert ns.object_name(ObjectKey(h, MAMBA)) == f"{h}.mamba_nvidia-Nemotron-H-8B_1_2"
     tagged = Namespace("m", layout="l0123abcd")
     assert tagged.object_name(ObjectKey(h, MAMBA)) == f"{h}.mamba_m_0_1_l0123abcd"
 

@@ -12,8 +12,8 @@ import os
 import random
 
 import pytest
-import upstream_hicache as upstream
 
+import upstream_hicache as upstream
 from mambaradix.tiers import (
     HYBRID_RULES,
     KV,
