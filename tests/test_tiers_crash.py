@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from tiers_crash import crash_rounds
 
 

@@ -49,10 +49,8 @@ def brute_force_prefix(have: set[ObjectKey], rules: tuple[PoolRule, ...]) -> tup
     for p in range(1, len(CHAIN) + 1):
         ok = True
         for r in rules:
-            if r.policy is HitPolicy.ALL_PAGES:
-                need = range(p)
-            else:
-                need = range(max(0, p - r.window), p)
+            trailing = r.policy is HitPolicy.TRAILING_PAGES
+            need = range(max(0, p - r.window) if trailing else 0, p)
             ok &= all(ObjectKey(CHAIN[i], r.pool) in have for i in need)
         if any(r.pool == KV for r in rules):  # KV is the anchor: every page before p too
             ok &= all(ObjectKey(CHAIN[i], KV) in have for i in range(p))
@@ -85,7 +83,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(keys=st.lists(st.sampled_from(KEYS), max_size=4))
     def get(self, keys: list[ObjectKey]) -> None:
         got = self.store.get(keys)
-        for key, parts in zip(keys, got):
+        for key, parts in zip(keys, got, strict=True):
             self.counts["gets"] += 1
             if key in self.damaged:
                 assert parts is None

@@ -31,15 +31,17 @@ class RedisStore(BlobStore):
             raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
         try:
             import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
         except ImportError:
             raise ImportError(
                 "RedisStore needs the redis client: pip install 'mambaradix[redis]'"
             ) from None
         self._errors = redis.exceptions
         self._where = f"redis store at {host}:{port}/{db}"
-        self._client: Any = redis.Redis(
+        self._client: Any = redis.Redis(  # fail within timeout_s: no retries
             host=host, port=port, db=db, socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
+            socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
         )
         self._call(self._client.ping)
 
@@ -60,9 +62,9 @@ class RedisStore(BlobStore):
     def _write(self, name: str, chunks: list[BytesLike], nbytes: int) -> bool:
         try:
             self._call(self._client.set, name, b"".join(chunks))
+        except self._errors.OutOfMemoryError:  # maxmemory reached, noeviction
+            return False
         except self._errors.ResponseError as e:
-            if str(e).startswith("OOM"):
-                return False
             raise StoreError(f"{self._where}: SET {name}: {e}") from None
         return True
 
