@@ -9,18 +9,26 @@ ours keeps the state's parts in one object, named as the file store names it.
 
 Mooncake's transfer engine binds to the first non-loopback interface: `local_hostname` must be
 that interface's address (docs/tiers-stores.md shows a veth pair in a network namespace).
-Objects live in memory segments that clients mount; Mooncake evicts under pressure, so an
-object may vanish at any time (a counted miss). A put it cannot place (no space, object larger
-than the client's local buffer) returns a non-zero code: refused and counted.
+Objects live in memory segments that clients mount (a client may mount none:
+``global_segment_size=0``); Mooncake evicts under pressure, so an object may vanish at any time
+(a counted miss). A put it cannot place (-200 when no segment has room, -600 when the object
+exceeds the client's local buffer) is refused and counted; -900 (RPC_FAIL: the master is
+gone) raises StoreUnavailable. A `get` cannot tell an unreachable master from a miss (the
+client returns empty bytes for both): a counted miss. An object read in the last few seconds
+holds a lease and `delete` leaves it (counted as not removed); a corrupt one is removed with
+``force``.
 """
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from mambaradix.tiers.bundle import BytesLike
 from mambaradix.tiers.keys import Namespace
 from mambaradix.tiers.store import BlobStore, StoreUnavailable
+
+_RPC_FAIL = -900
 
 
 class MooncakeStore(BlobStore):
@@ -31,12 +39,17 @@ class MooncakeStore(BlobStore):
         self, namespace: Namespace, *, local_hostname: str, metadata_server: str,
         master_server_address: str, global_segment_size: int = 256 << 20,
         local_buffer_size: int = 128 << 20, protocol: str = "tcp", device_name: str = "",
+        connect_timeout_s: float = 5.0,
     ) -> None:
         super().__init__(namespace)
-        for name, size in (("global_segment_size", global_segment_size),
-                           ("local_buffer_size", local_buffer_size)):
-            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-                raise ValueError(f"{name} must be a positive int, got {size!r}")
+        for name, size, low in (("global_segment_size", global_segment_size, 0),
+                                ("local_buffer_size", local_buffer_size, 1)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {size!r}")
+        host, _, port = master_server_address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"master_server_address must be host:port, got "
+                             f"{master_server_address!r}")
         try:
             from mooncake.store import MooncakeDistributedStore
         except ImportError as e:
@@ -44,6 +57,10 @@ class MooncakeStore(BlobStore):
                 f"MooncakeStore needs Mooncake: pip install 'mambaradix[mooncake]' ({e})"
             ) from None
         self._where = f"mooncake store (master {master_server_address})"
+        try:  # setup() retries an absent master for about 90 s: refuse within the timeout
+            socket.create_connection((host, int(port)), connect_timeout_s).close()
+        except OSError as e:
+            raise StoreUnavailable(f"{self._where} unreachable: {e}") from None
         self._store: Any = MooncakeDistributedStore()
         rc = self._store.setup(
             local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol,
@@ -65,6 +82,8 @@ class MooncakeStore(BlobStore):
 
     def _write(self, name: str, chunks: list[BytesLike], nbytes: int) -> bool:
         rc = self._client().upsert_parts(name, *chunks)
+        if rc == _RPC_FAIL:
+            raise StoreUnavailable(f"{self._where} unreachable: upsert returned {rc}")
         if rc != 0:
             self.last_refusal = rc
         return bool(rc == 0)
@@ -83,3 +102,6 @@ class MooncakeStore(BlobStore):
 
     def _delete(self, names: list[str]) -> int:
         return sum(self._client().remove(name) == 0 for name in names)
+
+    def _discard(self, name: str, token: Any) -> None:
+        self._client().remove(name, True)  # force: past a reader's lease
