@@ -79,7 +79,7 @@ def encode(name: str, parts: Mapping[str, memoryview]) -> tuple[list[BytesLike],
     digest.update(header)
     for view in parts.values():
         digest.update(view)
-    chunks: list[BytesLike] = [fixed, header, *parts.values(), digest.digest()]
+    chunks: list[BytesLike] = [fixed + header, *parts.values(), digest.digest()]
     return chunks, FIXED_BYTES + len(header) + payload + DIGEST_BYTES
 
 

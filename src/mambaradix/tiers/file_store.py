@@ -103,16 +103,10 @@ class FileStore(BlobStore):
             raise StoreError(f"file store {self._root!r}: reading {name}: {e}") from None
         try:
             st = os.fstat(fd)
-            view = memoryview(bytearray(st.st_size))
-            got = 0
-            while got < st.st_size:
-                n = os.readv(fd, [view[got:]])
-                if n == 0:
-                    break  # shorter than at open: the frame check rejects it
-                got += n
+            blob = _read_all(fd, st.st_size)
         finally:
             os.close(fd)
-        return view[:got], (st.st_dev, st.st_ino)
+        return memoryview(blob), (st.st_dev, st.st_ino)
 
     def _exists(self, names: list[str]) -> list[bool]:
         self._fd()
@@ -189,6 +183,19 @@ def _write_file(path: str, chunks: list[BytesLike]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """Up to `size` bytes from `fd` (fewer at EOF). One read into a fresh buffer that is not
+    zero-filled first (a bytearray would be: that costs as much as the checksum again)."""
+    chunks, got = [], 0
+    while got < size:
+        chunk = os.read(fd, size - got)
+        if not chunk:
+            break  # shorter than at open: the frame check rejects it
+        chunks.append(chunk)
+        got += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _size(path: str) -> int:
