@@ -25,6 +25,7 @@ from mambaradix.tiers import (
     Namespace,
     ObjectKey,
     StoreUnavailable,
+    open_store,
     page_hashes,
 )
 from mambaradix.tiers.mooncake_store import MooncakeStore
@@ -64,9 +65,9 @@ def start_master() -> tuple[subprocess.Popen[bytes], str, str]:
 
 def scenarios(addr: str, metadata: str, master: str) -> dict[str, object]:
     seen: dict[str, object] = {}
-    store = MooncakeStore(NS, local_hostname=addr, metadata_server=metadata,
-                          master_server_address=master, global_segment_size=32 << 20,
-                          local_buffer_size=8 << 20)
+    store = open_store(f"mooncake://{master}?local={addr}&metadata={metadata}", NS,
+                       global_segment_size=32 << 20, local_buffer_size=8 << 20)
+    assert isinstance(store, MooncakeStore)
     kv = [ObjectKey(h, KV) for h in CHAIN]
     state = [ObjectKey(h, MAMBA) for h in CHAIN]
     # round trip, overwrite, prefix

@@ -24,6 +24,7 @@ from mambaradix.tiers import (
     PoolRule,
     StoreError,
     StoreUnavailable,
+    open_store,
     page_hashes,
     usable_prefix,
 )
@@ -236,3 +237,14 @@ def test_unreachable_directory_is_a_clear_error(tmp_path):
     with pytest.raises(StoreUnavailable, match="closed"):
         store.put([(kv(0), {"kv": b"k"})])
     assert issubclass(StoreUnavailable, StoreError)
+
+
+def test_open_store_from_a_string(tmp_path):
+    for spec in (f"file:{tmp_path}/a", f"file://{tmp_path}/b", str(tmp_path / "c")):
+        store = open_store(spec, NS, capacity_bytes=10_000)
+        assert isinstance(store, FileStore) and store.put([(kv(0), {"kv": b"k"})]) == [True]
+    assert os.path.isdir(tmp_path / "a") and os.path.isdir(tmp_path / "c")
+    for bad, match in [("", "spec"), ("s3://bucket", "unknown store scheme"),
+                       ("redis://:6379/x", "redis://HOST"), ("mooncake://m:1", "mooncake://")]:
+        with pytest.raises(ValueError, match=match):
+            open_store(bad, NS)

@@ -13,6 +13,7 @@ from mambaradix.tiers import (
     Namespace,
     ObjectKey,
     StoreUnavailable,
+    open_store,
     page_hashes,
 )
 from mambaradix.tiers.redis_store import RedisStore
@@ -52,6 +53,14 @@ def test_round_trip_prefix_and_delete(store, port):
     assert store.exists([kv[0], kv[1]]) == [False, True]
     s = store.stats()
     assert (s.puts, s.gets, s.hits, s.misses, s.deletes) == (4, 3, 2, 1, 1)
+
+
+def test_open_store_from_a_url(port):
+    store = open_store(f"redis://127.0.0.1:{port}/3", NS, timeout_s=2.0)
+    assert isinstance(store, RedisStore)
+    store.put([(ObjectKey(CHAIN[0], KV), {"kv": b"db3"})])
+    assert redis.Redis(port=port, db=3).exists(NS.object_name(ObjectKey(CHAIN[0], KV))) == 1
+    store.close()
 
 
 def test_corrupt_value_is_a_counted_miss_and_removed(store, port):

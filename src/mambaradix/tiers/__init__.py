@@ -6,7 +6,8 @@
 * `bundle`: an object's bytes: named parts, framed and checksummed.
 * `store`: the `Store` protocol, its counters and errors, and `BlobStore`, the base of the
   backends: `FileStore` (default, durable), `RedisStore`, `MooncakeStore` (optional extras,
-  imported from their modules).
+  imported from their modules); `open_store` opens one from a string (``file:PATH``,
+  ``redis://HOST:PORT/DB``, ``mooncake://...``).
 
 docs/tiers-stores.md describes the guarantees and how they are tested.
 """
@@ -22,6 +23,7 @@ from mambaradix.tiers.keys import (
     layout_tag,
     page_hashes,
 )
+from mambaradix.tiers.open import open_store
 from mambaradix.tiers.prefix import HYBRID_RULES, HitPolicy, PoolRule, PrefixHit, usable_prefix
 from mambaradix.tiers.store import (
     BlobStore,
@@ -36,5 +38,5 @@ __all__ = [
     "KV", "MAMBA", "HYBRID_RULES", "BlobStore", "Bundle", "CorruptObject", "FileStore",
     "HitPolicy", "Namespace", "ObjectKey", "PoolRule", "PrefixHit", "Store", "StoreError",
     "StoreStats", "StoreUnavailable", "chain_seed", "layout_tag", "page_hashes",
-    "usable_prefix",
+    "open_store", "usable_prefix",
 ]
