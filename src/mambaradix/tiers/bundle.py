@@ -83,8 +83,17 @@ def encode(name: str, parts: Mapping[str, memoryview]) -> tuple[list[BytesLike],
     return chunks, FIXED_BYTES + len(header) + payload + DIGEST_BYTES
 
 
-def decode(blob: memoryview, name: str) -> dict[str, memoryview]:
-    """The parts of `blob` (read-only views into it), or CorruptObject saying what is wrong."""
+def body_hasher() -> xxhash.xxh3_64:
+    """The running checksum a reader feeds all but a blob's last `DIGEST_BYTES` bytes."""
+    return xxhash.xxh3_64()
+
+
+def decode(blob: memoryview, name: str, digest: bytes | None = None) -> dict[str, memoryview]:
+    """The parts of `blob` (read-only views into it), or CorruptObject saying what is wrong.
+
+    `digest`: the xxh3-64 of `blob` without its last 8 bytes, when the reader already
+    computed it chunk by chunk (see `body_digest`); else it is computed here.
+    """
     if blob.nbytes < FIXED_BYTES + DIGEST_BYTES:
         raise CorruptObject(f"{name}: {blob.nbytes} bytes, shorter than a frame")
     magic, version, header_len, payload_len = _FIXED.unpack_from(blob)
@@ -93,7 +102,7 @@ def decode(blob: memoryview, name: str) -> dict[str, memoryview]:
     body = FIXED_BYTES + header_len + payload_len
     if blob.nbytes != body + DIGEST_BYTES:
         raise CorruptObject(f"{name}: {blob.nbytes} bytes, frame says {body + DIGEST_BYTES}")
-    if xxhash.xxh3_64_digest(blob[:body]) != bytes(blob[body:]):
+    if (digest or xxhash.xxh3_64_digest(blob[:body])) != bytes(blob[body:]):
         raise CorruptObject(f"{name}: checksum mismatch")
     header = json.loads(bytes(blob[FIXED_BYTES : FIXED_BYTES + header_len]))
     if header["name"] != name:

@@ -26,7 +26,7 @@ from typing import Any
 
 from mambaradix.tiers.bundle import BytesLike
 from mambaradix.tiers.keys import Namespace
-from mambaradix.tiers.store import BlobStore, StoreUnavailable
+from mambaradix.tiers.store import Blob, BlobStore, StoreUnavailable
 
 _RPC_FAIL = -900
 
@@ -88,9 +88,9 @@ class MooncakeStore(BlobStore):
             self.last_refusal = rc
         return bool(rc == 0)
 
-    def _read(self, name: str) -> tuple[memoryview, Any] | None:
+    def _read(self, name: str) -> Blob | None:
         value = self._client().get(name)
-        return (memoryview(value), None) if value else None  # b"": absent
+        return Blob(memoryview(value)) if value else None  # b"": absent
 
     def _exists(self, names: list[str]) -> list[bool]:
         if not names:

@@ -14,7 +14,7 @@ from typing import Any
 
 from mambaradix.tiers.bundle import BytesLike
 from mambaradix.tiers.keys import Namespace
-from mambaradix.tiers.store import BlobStore, StoreError, StoreUnavailable
+from mambaradix.tiers.store import Blob, BlobStore, StoreError, StoreUnavailable
 
 
 class RedisStore(BlobStore):
@@ -68,9 +68,9 @@ class RedisStore(BlobStore):
             raise StoreError(f"{self._where}: SET {name}: {e}") from None
         return True
 
-    def _read(self, name: str) -> tuple[memoryview, Any] | None:
+    def _read(self, name: str) -> Blob | None:
         value = self._call(self._client.get, name)
-        return None if value is None else (memoryview(value), None)
+        return None if value is None else Blob(memoryview(value))
 
     def _exists(self, names: list[str]) -> list[bool]:
         pipe = self._call(self._client.pipeline, False)

@@ -41,6 +41,15 @@ class StoreUnavailable(StoreError):
     """The store's server or directory cannot be reached."""
 
 
+class Blob(NamedTuple):
+    """What a backend read: the blob, which version it was (for `_discard`), and its body
+    checksum when the backend computed it while reading (`bundle.decode`)."""
+
+    data: memoryview
+    version: Any = None
+    digest: bytes | None = None
+
+
 class StoreStats(NamedTuple):
     """Counters since the store object was opened (this process only)."""
 
@@ -153,8 +162,8 @@ class BlobStore(ABC):
         """Store the blob `b"".join(chunks)` under `name` atomically; False when refused."""
 
     @abstractmethod
-    def _read(self, name: str) -> tuple[memoryview, Any] | None:
-        """The blob under `name` and a token identifying that version, or None."""
+    def _read(self, name: str) -> Blob | None:
+        """The blob under `name`, or None."""
 
     @abstractmethod
     def _exists(self, names: list[str]) -> list[bool]:
@@ -164,8 +173,8 @@ class BlobStore(ABC):
     def _delete(self, names: list[str]) -> int:
         """Remove the names' blobs; how many existed."""
 
-    def _discard(self, name: str, token: Any) -> None:
-        """Remove a corrupt blob (the version `token` names, where a backend can tell)."""
+    def _discard(self, name: str, version: Any) -> None:
+        """Remove a corrupt blob (the `version` read, where a backend can tell)."""
         self._delete([name])
 
     @abstractmethod
@@ -199,20 +208,19 @@ class BlobStore(ABC):
 
     def _get_one(self, name: str) -> dict[str, memoryview] | None:
         self._counts.gets += 1
-        found = self._read(name)
-        if found is None:
+        blob = self._read(name)
+        if blob is None:
             self._counts.misses += 1
             return None
-        blob, token = found
         try:
-            parts = decode(blob, name)
+            parts = decode(blob.data, name, blob.digest)
         except CorruptObject:
             self._counts.misses += 1
             self._counts.corrupt += 1
-            self._discard(name, token)
+            self._discard(name, blob.version)
             return None
         self._counts.hits += 1
-        self._counts.get_bytes += blob.nbytes
+        self._counts.get_bytes += blob.data.nbytes
         return parts
 
     def exists(self, keys: Sequence[ObjectKey]) -> list[bool]:
