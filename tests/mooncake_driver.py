@@ -108,7 +108,7 @@ def crash(addr: str, metadata: str, master: str, rounds: int) -> dict[str, int]:
     from tiers_crash import crash_rounds
 
     out = crash_rounds("mooncake", f"{addr}|{metadata}|{master}", rounds=rounds,
-                       part_bytes=1 << 20, seed=6, max_missing=1)
+                       part_bytes=1 << 20, seed=6, overwrite_hides_old=True)
     return {"rounds": out.rounds, "acks": out.acks, "reads_checked": out.reads_checked,
             "missing_while_writing": out.missing_while_writing,
             "lost_by_kill": out.lost_by_kill}

@@ -164,12 +164,15 @@ def brute_force_prefix(readable: set[ObjectKey]) -> int:
 
 def crash_rounds(
     backend: str, target: str, rounds: int, part_bytes: int, seed: int,
-    count_temp_files: Callable[[], int] | None = None, max_missing: int = 0,
+    count_temp_files: Callable[[], int] | None = None, overwrite_hides_old: bool = False,
 ) -> Outcome:
     """`rounds` times: start a writer, read while it writes, SIGKILL it at a random moment,
-    reopen the store and check it. `max_missing=1`: a store whose overwrite hides the old
-    object until the new one is published (Mooncake's upsert) may miss the one object being
-    replaced, and loses it when the writer dies then; it never returns wrong bytes."""
+    reopen the store and check it. `overwrite_hides_old`: a store whose overwrite hides the
+    old object until the new one is published (Mooncake's upsert) may miss objects being
+    replaced while the writer runs (counted), and after the kill may have lost the one in
+    flight (at most one, counted); it never returns wrong or stale bytes."""
+    while_writing = len(KEYS) if overwrite_hides_old else 0
+    after_kill = 1 if overwrite_hides_old else 0
     rng = random.Random(seed)
     out = Outcome()
     reader = open_store(backend, target)
@@ -189,7 +192,7 @@ def crash_rounds(
                 # no upper bound while it runs: the writer may be puts ahead of the
                 # acknowledgements read so far (they wait in the pipe)
                 out.missing_while_writing += len(check_reads(
-                    results, acked_before, 2**62, part_bytes, max_missing, lost))
+                    results, acked_before, 2**62, part_bytes, while_writing, lost))
                 out.reads_checked += len(KEYS)
             proc.send_signal(signal.SIGKILL)
         finally:
@@ -201,7 +204,7 @@ def crash_rounds(
             out.mid_put_kills += count_temp_files() > 0
         # a restart; the file store removes the dead writer's temp file
         restarted = open_store(backend, target, holds_data=False)
-        missing = check_reads(restarted.get(KEYS), acked, last + 1, part_bytes, max_missing,
+        missing = check_reads(restarted.get(KEYS), acked, last + 1, part_bytes, after_kill,
                               lost)
         out.lost_by_kill += len(missing)
         out.lost.update(missing)

@@ -1,7 +1,7 @@
 """The longest usable prefix of a page-hash chain, from which objects a store holds.
 
 Same rule as SGLang 0.5.23's ``HiCacheFile.batch_exists_v2`` (``hicache_storage.py:981-1033``)
-and ``MooncakeStore.batch_exists_v2`` (``storage/mooncake_store/mooncake_store.py:1024-1100``):
+and ``MooncakeStore.batch_exists_v2`` (``storage/mooncake_store/mooncake_store.py:1025-1102``):
 
 * a prefix of ``p`` pages is a candidate when ``1 <= p <= anchor``; the anchor is the longest
   run of leading pages whose KV object exists when KV is one of the rules, else the whole chain
