@@ -14,8 +14,9 @@ Nothing from SGLang is copied into this repository. At run time this module open
 * ``sglang/srt/mem_cache/cpp_utils/hash_binding.cpp``: the page-hash extension, compiled
   with g++, pybind11 and OpenSSL into ``.cache/sglang/build/`` (once per source hash).
 
-Stand-ins are added to ``sys.modules`` only where no module of that name exists yet, so this
-coexists with tests/upstream_sglang.py (SGLang 0.5.15.post1) in one process.
+Stand-ins are added to ``sys.modules`` only where no module of that name exists yet, and are
+marked as stand-ins, so this coexists with tests/upstream_sglang.py (SGLang 0.5.15.post1) in
+one process, whichever loads first.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def _stub(name: str, **attrs: Any) -> None:
         return
     mod = types.ModuleType(name, "Stand-in built by tests/upstream_hicache.py")
     mod.__path__ = []  # type: ignore[attr-defined]
+    mod.__mambaradix_stub__ = True  # type: ignore[attr-defined]  # upstream_sglang.py checks
     mod.__dict__.update(attrs)
     sys.modules[name] = mod
 
