@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import astuple, dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from mambaradix.tiers.bundle import BytesLike, CorruptObject, as_parts, decode, encode
@@ -139,7 +139,7 @@ class _Counters:
     deletes: int = 0
 
     def snapshot(self) -> StoreStats:
-        return StoreStats(*(getattr(self, f.name) for f in fields(self)))
+        return StoreStats(*astuple(self))
 
 
 class BlobStore(ABC):
