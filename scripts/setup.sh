@@ -1,15 +1,37 @@
 #!/usr/bin/env bash
 # Creates .venv with the project, its extras and the test tools, and fetches the
-# SGLang 0.5.15.post1 wheel that the differential tests and benchmarks read.
+# SGLang wheels (0.5.15.post1, 0.5.23) that the differential tests and benchmarks read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# System packages for the tier-store tests, installed only when missing: redis-server
+# (RedisStore's tests start one), iproute2 (the Mooncake test's network namespace), g++ and
+# libssl-dev (build SGLang's page-hash extension from its wheel), libibverbs1 (Mooncake's
+# transfer engine links it). A failed install fails set-up: those tests never skip.
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v ip >/dev/null || need+=(iproute2)
+command -v g++ >/dev/null || need+=(g++)
+[ -f /usr/include/openssl/sha.h ] || need+=(libssl-dev)
+{ /sbin/ldconfig -p 2>/dev/null || true; } | grep -q 'libibverbs\.so\.1' || need+=(libibverbs1)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "setup.sh: installing ${need[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 # torch==2.13.0 resolves to the local CPU build on these machines.
-.venv/bin/python -m pip install -q -e ".[dev,torch,text,replay,engine,events,dask]"
+.venv/bin/python -m pip install -q -e ".[dev,torch,text,replay,engine,events,dask,redis]"
+# Optional: Mooncake's CPU build. Its test skips only when the package is absent.
+.venv/bin/python -m pip install -q -e ".[mooncake]" \
+    || echo "setup.sh: optional extra mooncake not installed; tests/test_tiers_mooncake.py will skip" >&2
 mkdir -p .cache/sglang
-if ! ls .cache/sglang/sglang-0.5.15.post1-*.whl >/dev/null 2>&1; then
-    .venv/bin/python -m pip download -q sglang==0.5.15.post1 --no-deps -d .cache/sglang
-fi
+for ver in 0.5.15.post1 0.5.23; do
+    if ! ls .cache/sglang/sglang-"$ver"-*.whl >/dev/null 2>&1; then
+        .venv/bin/python -m pip download -q sglang=="$ver" --no-deps -d .cache/sglang
+    fi
+done
