@@ -16,8 +16,14 @@ Per prompt and worker (`query`):
 
 Which events count (`apply`): `BlockStored` of a full-prefix attention kind (or of no
 kind, as SGLang sends, in group 0 or no group) places KV blocks; of kind "mamba" it marks
-states. A block whose parent the worker never stored is not placed (and not credited).
-Only device blocks count (`medium` GPU or unset). A removal names a group; its kind is
+states; a state store may name fewer blocks than its tokens span (vLLM's align mode keeps
+states at some blocks only): each hash is the block it names, found among the worker's
+KV blocks, so only those states are credited. A block whose parent the worker never
+stored is not placed (and not credited). A block whose hashes depend on more than its
+tokens (a LoRA adapter, a cache salt: `namespace`) is not placed: a query by token ids
+cannot name it. Only device blocks are placed (`medium` DEVICE or unset); blocks on a
+lower tier (HOST, DISK) are kept per medium by hash only, for the per-tier answer that
+the tiers will add (`worker_info`'s "media"). A removal names a group; its kind is
 the one that group's stores carried, and a removal of an unknown group drops both the
 KV and the state. Removing a block's KV also drops the worker's state there. One
 block (parent and tokens) stored under several hashes (vLLM adds extra keys, an image's
@@ -35,8 +41,8 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from mambaradix.events.model import (
+    DEVICE,
     FULL_PREFIX_KINDS,
-    GPU,
     STATE_KINDS,
     AllBlocksCleared,
     BlockRemoved,
@@ -84,7 +90,16 @@ class _Block:
 
 
 class _Worker:
-    __slots__ = ("id", "hybrid", "blocks", "aliases", "pending_states", "group_kinds", "skipped")
+    __slots__ = (
+        "id",
+        "hybrid",
+        "blocks",
+        "aliases",
+        "pending_states",
+        "group_kinds",
+        "skipped",
+        "media",
+    )
 
     def __init__(self, worker_id: int, hybrid: bool) -> None:
         self.id = worker_id
@@ -96,6 +111,9 @@ class _Worker:
         self.pending_states: set[int] = set()  # states announced before their KV
         self.group_kinds: dict[int, str] = {}  # group_idx -> kv_cache_spec_kind
         self.skipped: dict[str, int] = {}  # why events were not applied, and how often
+        # Blocks on a lower tier: (medium, "kv" or "state") -> the hashes held there.
+        # Only counted for now; the per-tier answer will place them in the trie.
+        self.media: dict[tuple[str, str], set[int]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +161,7 @@ class Indexer:
         w.blocks.clear()
         w.aliases.clear()
         w.pending_states.clear()
+        w.media.clear()
 
     def worker_ids(self) -> list[int]:
         return sorted(self._workers)
@@ -150,12 +169,17 @@ class Indexer:
     def worker_info(self, worker_id: int) -> dict[str, Any]:
         w = self._worker(worker_id)
         states = sum(1 for node in w.blocks.values() if w.id in node.states)
+        media: dict[str, dict[str, int]] = {}
+        for (medium, role), hashes in w.media.items():
+            if hashes:
+                media.setdefault(medium, {})[role] = len(hashes)
         return {
             "instance_id": w.id,
             "hybrid": w.hybrid,
             "blocks": len(w.blocks),
             "states": states,
             "skipped": dict(w.skipped),
+            "media": media,
         }
 
     def _worker(self, worker_id: int) -> _Worker:
@@ -185,10 +209,6 @@ class Indexer:
                 _skip(w, "not an event")
 
     def _stored(self, w: _Worker, e: BlockStored) -> None:
-        if e.block_size != self.block_size:
-            return _skip(w, f"block_size {e.block_size}")
-        if e.medium not in (None, GPU):
-            return _skip(w, f"medium {e.medium}")
         group, kind = e.group, e.kind
         if group is not None and kind is not None:
             w.group_kinds[group] = kind
@@ -196,6 +216,12 @@ class Indexer:
             role = _KV
         else:
             role = self._role(w, group, kind)
+        if e.namespace is not None:
+            return _skip(w, f"namespaced ({e.namespace})")
+        if e.medium not in (None, DEVICE):
+            return self._lower(w, e.medium, role, e.block_hashes, True)
+        if e.block_size != self.block_size:
+            return _skip(w, f"block_size {e.block_size}")
         if role == _KV:
             self._place(w, e)
         elif role == _STATE:
@@ -242,10 +268,26 @@ class Indexer:
                 node.add_state(wid)
             parent = node
 
+    def _lower(
+        self, w: _Worker, medium: str, role: str, hashes: Iterable[int], stored: bool
+    ) -> None:
+        """Blocks stored on (or removed from) a lower tier: kept by hash, per medium. A
+        removal of an unknown group drops both roles, as on the device."""
+        roles = (_KV, _STATE) if role == _UNKNOWN and not stored else (role,)
+        if roles[0] not in (_KV, _STATE):
+            return _skip(w, f"medium {medium} role {role}")
+        for r in roles:
+            held = w.media.setdefault((medium, r), set())
+            if stored:
+                held.update(hashes)
+            else:
+                held.difference_update(hashes)
+        return None
+
     def _removed(self, w: _Worker, e: BlockRemoved) -> None:
-        if e.medium not in (None, GPU):
-            return _skip(w, f"medium {e.medium}")
         role = self._role(w, e.group, None)
+        if e.medium not in (None, DEVICE):
+            return self._lower(w, e.medium, role, e.block_hashes, False)
         for h in e.block_hashes:
             if role == _STATE:
                 w.pending_states.discard(h)
