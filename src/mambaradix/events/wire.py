@@ -140,7 +140,7 @@ def _coalesce(events: list[Event]) -> list[Event]:
     return out
 
 
-def _pack(e: Event, r: Release) -> Any:
+def _pack(e: Event, r: Release) -> msgspec.Struct:
     if isinstance(e, BlockStored):
         values = {
             "block_hashes": list(e.block_hashes),
@@ -163,21 +163,34 @@ def _pack(e: Event, r: Release) -> Any:
     return _layout("AllBlocksCleared", _CLEARED, {}, r)
 
 
-def _layout(tag: str, schema: Schema, values: dict[str, Any], r: Release) -> Any:
-    """A tagged map or array of `schema`'s fields; a field at its default (None, past
-    the required ones) is left out where the release omits defaults (msgspec's
-    `omit_defaults`: any such key of a map, only trailing ones of an array)."""
-    row = [values.get(name) for name in schema.fields]
-    if r.event_maps:
-        out: dict[str, Any] = {"type": tag}
-        for i, (name, value) in enumerate(zip(schema.fields, row, strict=True)):
-            if value is not None or i < schema.required or not r.omit_defaults:
-                out[name] = value
-        return out
-    if r.omit_defaults:
-        while len(row) > schema.required and row[-1] is None:
-            row.pop()
-    return [tag, *row]
+def _layout(tag: str, schema: Schema, values: dict[str, Any], r: Release) -> msgspec.Struct:
+    """`values` as the release's struct `tag`: msgspec then writes what the release's own
+    struct writes (map or array, defaults left out or not, the same headers)."""
+    cls = _struct(r, tag, schema)
+    return cls(*[values.get(name) for name in schema.fields])
+
+
+_structs: dict[tuple[str, str], type[msgspec.Struct]] = {}
+
+
+def _struct(r: Release, tag: str, schema: Schema) -> type[msgspec.Struct]:
+    """A msgspec struct with the release's fields, flags and tag (made once)."""
+    cls = _structs.get((r.name, tag))
+    if cls is None:
+        fields = [
+            (name, Any) if i < schema.required else (name, Any, None)
+            for i, name in enumerate(schema.fields)
+        ]
+        cls = msgspec.defstruct(
+            tag,
+            fields,
+            tag=tag,
+            array_like=not r.event_maps,
+            omit_defaults=r.omit_defaults,
+            gc=False,
+        )
+        _structs[(r.name, tag)] = cls
+    return cls
 
 
 # --------------------------------------------------------------------------- decoding

@@ -42,7 +42,9 @@ from typing import Any, cast
 
 from mambaradix.events.model import (
     DEVICE,
+    DISK,
     FULL_PREFIX_KINDS,
+    HOST,
     STATE_KINDS,
     AllBlocksCleared,
     BlockRemoved,
@@ -274,6 +276,8 @@ class Indexer:
         """Blocks stored on (or removed from) a lower tier: kept by hash, per medium. A
         removal of an unknown group drops both roles, as on the device."""
         roles = (_KV, _STATE) if role == _UNKNOWN and not stored else (role,)
+        if medium not in (HOST, DISK):
+            return _skip(w, f"medium {medium}")
         if roles[0] not in (_KV, _STATE):
             return _skip(w, f"medium {medium} role {role}")
         for r in roles:
