@@ -131,7 +131,11 @@ class ZmqSubscriber:
 
     def _receive(self, sock: zmq.Socket[bytes]) -> int:
         feed, is_replay = self._by_socket[sock]
-        frames = sock.recv_multipart(zmq.NOBLOCK)
+        return self._handle(feed, is_replay, sock.recv_multipart(zmq.NOBLOCK))
+
+    def _handle(self, feed: WorkerFeed, is_replay: bool, frames: list[bytes]) -> int:
+        """One message from a worker's SUB (live) or DEALER (replay) socket; returns
+        the batches it carried (0 or 1)."""
         if is_replay:
             frames = frames[1:] if frames and frames[0] == b"" else frames
             topic = len(frames) == 3  # the topic first: vLLM >= 0.26, SGLang >= 0.5.22
