@@ -13,3 +13,5 @@ mkdir -p .cache/sglang
 if ! ls .cache/sglang/sglang-0.5.15.post1-*.whl >/dev/null 2>&1; then
     .venv/bin/python -m pip download -q sglang==0.5.15.post1 --no-deps -d .cache/sglang
 fi
+# the event tests' wheels (default tier; `scripts/fetch-event-wheels.sh --all` for -m slow)
+bash scripts/fetch-event-wheels.sh
