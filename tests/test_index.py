@@ -97,6 +97,26 @@ def test_namespaced_blocks_are_skipped_and_counted() -> None:
     assert ix.worker_info(1)["skipped"] == {"namespaced (cache_salt)": 1}
 
 
+def test_lookahead_blocks_count_only_where_the_prompt_goes_on_with_their_lookahead() -> None:
+    """vLLM 0.33 with EAGLE hashes each block with the token after it
+    (`lookahead_token_ids`): block [1, 2] stored with lookahead [3] is not reused by a
+    prompt [1, 2, 9, ...]. Worked out by hand per prompt."""
+    ix = Indexer(2)
+    ix.apply(0, [kv([1, 2], None, [1, 2, 3, 4], lookahead=((3,), (5,))), state(2, [3, 4])])
+    ix.apply(0, [state(1, [1, 2])])
+    assert ix.query([1, 2, 3, 4, 5]) == {0: Overlap(4, 4, 0)}
+    assert ix.query([1, 2, 3, 4, 6]) == {0: Overlap(2, 2, 0)}  # block 2 wants a 5 after it
+    assert ix.query([1, 2, 3, 4]) == {0: Overlap(2, 2, 0)}  # nothing after block 2
+    assert ix.query([1, 2, 9]) == {0: Overlap(0, 0, 0)}
+    ix.apply(0, [kv([7], None, [1, 2], lookahead=((9,),))])  # the same block, another hash
+    assert ix.query([1, 2, 9]) == {0: Overlap(2, 2, 0)}
+    assert ix.query([1, 2, 3, 4, 5]) == {0: Overlap(4, 4, 0)}  # both continuations count
+    ix.apply(0, [BlockRemoved((7,))])
+    assert ix.query([1, 2, 9]) == {0: Overlap(0, 0, 0)}
+    ix.apply(1, [kv([1, 2], None, [1, 2, 3, 4])])  # a worker without lookahead hashes
+    assert ix.query([1, 2, 3, 4, 6])[1] == Overlap(4, 0, 4)
+
+
 def test_lower_tiers_are_kept_per_medium_not_credited() -> None:
     ix = Indexer(2)
     ix.apply(

@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -196,6 +196,7 @@ def _struct(r: Release, tag: str, schema: Schema) -> type[msgspec.Struct]:
 # --------------------------------------------------------------------------- decoding
 
 _decoder = msgspec.msgpack.Decoder()
+_MEDIA_IN = dict(MEDIA_IN)  # a dict: faster to read than the read-only view
 _INT64 = 1 << 63
 _MASK64 = (1 << 64) - 1
 MAPS, ARRAYS = "maps", "arrays"
@@ -222,18 +223,15 @@ class DecodedBatch:
     layout: str | None = None  # MAPS or ARRAYS (None: no events, or both)
 
 
-Hash = int | bytes
-
-
 class _MapEvent(msgspec.Struct, tag=True, gc=False):
     """Map-layout events as read: every field any release sends (others ignored)."""
 
 
 class _MapStored(_MapEvent, tag="BlockStored"):
-    block_hashes: list[Hash]
+    block_hashes: list[int]
     token_ids: list[int]
     block_size: int
-    parent_block_hash: Hash | None = None
+    parent_block_hash: int | None = None
     lora_id: int | None = None
     lora_name: str | None = None
     medium: str | None = None
@@ -244,7 +242,7 @@ class _MapStored(_MapEvent, tag="BlockStored"):
 
 
 class _MapRemoved(_MapEvent, tag="BlockRemoved"):
-    block_hashes: list[Hash]
+    block_hashes: list[int]
     medium: str | None = None
     group_idx: int | None = None
 
@@ -265,8 +263,8 @@ class _ArrayEvent(msgspec.Struct, array_like=True, gc=False, tag=True):
 
 
 class _ArrayStored(_ArrayEvent, tag="BlockStored"):
-    block_hashes: list[Hash]
-    parent_block_hash: Hash | None
+    block_hashes: list[int]
+    parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
     lora_id: int | None
@@ -275,10 +273,13 @@ class _ArrayStored(_ArrayEvent, tag="BlockStored"):
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
+    # not fields: no array release sends them (read alike with _MapStored's)
+    cache_salt: ClassVar[None] = None
+    lookahead_token_ids: ClassVar[None] = None
 
 
 class _ArrayRemoved(_ArrayEvent, tag="BlockRemoved"):
-    block_hashes: list[Hash]
+    block_hashes: list[int]
     medium: str | None = None
     group_idx: int | None = None
 
@@ -306,8 +307,8 @@ def decode_batch(payload: bytes, expect: Release | None = None) -> DecodedBatch:
     `problems`; unless it was a store (whose loss only under-credits) it makes the batch
     `unsafe` up to `trusted_from`.
 
-    Well-formed batches go through msgspec's typed decoders (C speed); anything else
-    through a tolerant generic reading."""
+    Well-formed batches with int hashes go through msgspec's typed decoders (C speed);
+    anything else (bytes hashes too) through a tolerant generic reading."""
     order = _order if expect is None else [MAPS, ARRAYS] if expect.event_maps else [ARRAYS, MAPS]
     for layout in order:
         try:
@@ -324,35 +325,62 @@ def decode_batch(payload: bytes, expect: Release | None = None) -> DecodedBatch:
 
 def _from_typed(batch: _MapBatchIn | _ArrayBatchIn, layout: str) -> DecodedBatch:
     out = DecodedBatch(batch.ts, [], batch.rank, layout=layout if batch.events else None)
+    append = out.events.append
     for e in batch.events:
         try:
-            out.events.append(_typed_event(e))
+            if isinstance(e, (_MapStored, _ArrayStored)):
+                append(_typed_stored(e))
+            elif isinstance(e, (_MapRemoved, _ArrayRemoved)):
+                append(_removed(tuple(e.block_hashes), e.group_idx, e.medium))
+            else:
+                append(AllBlocksCleared())
         except _BadEvent as bad:
             stored = isinstance(e, (_MapStored, _ArrayStored))
             _note(out, "BlockStored" if stored else "BlockRemoved", bad)
     return out
 
 
-def _typed_event(e: Any) -> Event:
-    if isinstance(e, (_MapStored, _ArrayStored)):
-        salt = e.cache_salt if isinstance(e, _MapStored) else _metadata_salt(e.lora_name)
-        lora_name = e.lora_name if isinstance(e.lora_name, str) else None
-        lookahead = e.lookahead_token_ids if isinstance(e, _MapStored) else None
-        namespace = _namespace(e.lora_id, lora_name, salt)
-        return _stored(
-            e.block_hashes,
-            e.parent_block_hash,
-            e.token_ids,
-            e.block_size,
-            e.group_idx,
-            e.kv_cache_spec_kind,
-            e.medium,
-            namespace,
-            lookahead,
-        )
-    if isinstance(e, (_MapRemoved, _ArrayRemoved)):
-        return _removed(e.block_hashes, e.group_idx, e.medium)
-    return AllBlocksCleared()
+def _typed_stored(e: _MapStored | _ArrayStored) -> BlockStored:
+    """A store from a typed struct (the hot path: a KV store with nothing unusual
+    passes two comparisons and builds the event)."""
+    hashes, tokens, size, kind = e.block_hashes, e.token_ids, e.block_size, e.kv_cache_spec_kind
+    if not (hashes and size > 0 and len(tokens) == len(hashes) * size):
+        _check_blocks(len(hashes), len(tokens), size, kind)
+    namespace = None
+    if e.lora_id is not None or e.lora_name is not None or e.cache_salt is not None:
+        name = e.lora_name if isinstance(e.lora_name, str) else None
+        namespace = _namespace(e.lora_id, name, e.cache_salt or _metadata_salt(e.lora_name))
+    lookahead = e.lookahead_token_ids
+    return BlockStored(
+        tuple(hashes),
+        e.parent_block_hash,
+        tokens,
+        size,
+        e.group_idx,
+        kind,
+        _MEDIA_IN.get(e.medium, e.medium),  # type: ignore[arg-type]  # None stays None
+        namespace,
+        None if lookahead is None else _lookahead(lookahead, len(hashes)),
+    )
+
+
+def _check_blocks(n: int, tokens: int, size: int, kind: str | None) -> None:
+    """Raises _BadEvent unless `n` hashes fit `tokens` token ids in blocks of `size`:
+    whole blocks, one hash each (a state group may name fewer), or a placeholder (size
+    0, no tokens, some hashes: vLLM's offload connector names blocks by hash alone)."""
+    if size == 0 and not tokens and n:
+        return
+    if size < 1 or tokens % size:
+        raise _BadEvent(f"{tokens} token_ids are not whole blocks of {size}")
+    blocks = tokens // size
+    if n > blocks or (n < blocks and (kind is None or kind in FULL_PREFIX_KINDS)):
+        raise _BadEvent(f"{n} block_hashes for {blocks} blocks of {kind or 'KV'}")
+
+
+def _lookahead(value: list[list[int]], n: int) -> tuple[tuple[int, ...], ...]:
+    if len(value) != n:
+        raise _BadEvent(f"{len(value)} lookahead_token_ids for {n} block_hashes")
+    return tuple(tuple(x) for x in value)
 
 
 def _note(out: DecodedBatch, tag: str | None, bad: _BadEvent) -> None:
@@ -361,49 +389,10 @@ def _note(out: DecodedBatch, tag: str | None, bad: _BadEvent) -> None:
         out.unsafe, out.trusted_from = True, len(out.events)
 
 
-def _stored(
-    hashes: list[Hash],
-    parent: Hash | None,
-    tokens: list[int],
-    size: int,
-    group: int | None,
-    kind: str | None,
-    medium: str | None,
-    namespace: str | None,
-    lookahead: list[list[int]] | None,
-) -> BlockStored:
-    """A store, checked: whole blocks, one hash per block (a state group may name
-    fewer), block_size 0 only for a placeholder without tokens."""
-    n = len(hashes)
-    if size == 0 and not tokens and n:
-        pass  # vLLM's offload placeholder: blocks named by hash alone
-    elif size < 1 or len(tokens) % size:
-        raise _BadEvent(f"{len(tokens)} token_ids are not whole blocks of {size}")
-    elif n > len(tokens) // size or (
-        n < len(tokens) // size and (kind is None or kind in FULL_PREFIX_KINDS)
-    ):
-        raise _BadEvent(f"{n} block_hashes for {len(tokens) // size} blocks of {kind or 'KV'}")
-    if lookahead is not None and len(lookahead) != n:
-        raise _BadEvent(f"{len(lookahead)} lookahead_token_ids for {n} block_hashes")
-    medium = MEDIA_IN.get(medium, medium) if medium is not None else None
-    return BlockStored(
-        tuple(_hash(h) for h in hashes),
-        None if parent is None else _hash(parent),
-        tokens,
-        size,
-        group,
-        kind,
-        medium,
-        namespace,
-        None if lookahead is None else tuple(tuple(x) for x in lookahead),
-    )
-
-
-def _removed(hashes: list[Hash], group: int | None, medium: str | None) -> BlockRemoved:
+def _removed(hashes: tuple[int, ...], group: int | None, medium: str | None) -> BlockRemoved:
     if not hashes:
         raise _BadEvent("no block_hashes")
-    medium = MEDIA_IN.get(medium, medium) if medium is not None else None
-    return BlockRemoved(tuple(_hash(h) for h in hashes), group, medium)
+    return BlockRemoved(hashes, group, _MEDIA_IN.get(medium, medium))  # type: ignore[arg-type]
 
 
 def _namespace(lora_id: int | None, lora_name: str | None, salt: str | None) -> str | None:
@@ -488,32 +477,7 @@ def _tag_and_fields(item: Any) -> tuple[str | None, dict[str, Any]]:
 
 def _event(tag: str | None, f: dict[str, Any]) -> Event | None:
     if tag == "BlockStored":
-        size = _opt(f, "block_size", int)
-        tokens = f.get("token_ids")
-        if size is None or not isinstance(tokens, list):
-            raise _BadEvent(f"block_size {size!r} and token_ids {type(tokens).__name__}")
-        lora_name = f.get("lora_name")  # or, at this place in an array, SGLang's metadata
-        if lora_name is not None and not isinstance(lora_name, (str, dict)):
-            raise _BadEvent(f"lora_name is {type(lora_name).__name__}, not str")
-        salt = _opt(f, "cache_salt", str) or _metadata_salt(lora_name)
-        name = lora_name if isinstance(lora_name, str) else None
-        namespace = _namespace(_opt(f, "lora_id", int), name, salt)
-        lookahead = f.get("lookahead_token_ids")
-        if lookahead is not None and not (
-            isinstance(lookahead, list) and all(isinstance(x, list) for x in lookahead)
-        ):
-            raise _BadEvent("lookahead_token_ids must be lists of token ids")
-        return _stored(
-            _hashes(f.get("block_hashes"), empty_ok=True),
-            f.get("parent_block_hash"),
-            tokens,
-            size,
-            _opt(f, "group_idx", int),
-            _opt(f, "kv_cache_spec_kind", str),
-            _opt(f, "medium", str),
-            namespace,
-            lookahead,
-        )
+        return _generic_stored(f)
     if tag == "BlockRemoved":
         hashes = _hashes(f.get("block_hashes"), empty_ok=False)
         return _removed(hashes, _opt(f, "group_idx", int), _opt(f, "medium", str))
@@ -524,12 +488,42 @@ def _event(tag: str | None, f: dict[str, Any]) -> Event | None:
     return None
 
 
-def _hashes(value: Any, empty_ok: bool) -> list[Hash]:
+def _generic_stored(f: dict[str, Any]) -> BlockStored:
+    """A store from plain msgpack values: every type checked here."""
+    size, kind = _opt(f, "block_size", int), _opt(f, "kv_cache_spec_kind", str)
+    tokens, hashes = f.get("token_ids"), _hashes(f.get("block_hashes"), empty_ok=True)
+    if size is None or not isinstance(tokens, list):
+        raise _BadEvent(f"block_size {size!r} and token_ids {type(tokens).__name__}")
+    _check_blocks(len(hashes), len(tokens), size, kind)
+    lora_name = f.get("lora_name")  # or, at this place in an array, SGLang's metadata
+    if lora_name is not None and not isinstance(lora_name, (str, dict)):
+        raise _BadEvent(f"lora_name is {type(lora_name).__name__}, not str")
+    salt = _opt(f, "cache_salt", str) or _metadata_salt(lora_name)
+    name = lora_name if isinstance(lora_name, str) else None
+    lookahead = f.get("lookahead_token_ids")
+    if lookahead is not None and not (
+        isinstance(lookahead, list) and all(isinstance(x, list) for x in lookahead)
+    ):
+        raise _BadEvent("lookahead_token_ids must be lists of token ids")
+    parent = f.get("parent_block_hash")
+    medium = _opt(f, "medium", str)
+    return BlockStored(
+        hashes,
+        None if parent is None else _hash(parent),
+        tokens,
+        size,
+        _opt(f, "group_idx", int),
+        kind,
+        _MEDIA_IN.get(medium, medium),  # None stays None
+        _namespace(_opt(f, "lora_id", int), name, salt),
+        None if lookahead is None else _lookahead(lookahead, len(hashes)),
+    )
+
+
+def _hashes(value: Any, empty_ok: bool) -> tuple[int, ...]:
     if not isinstance(value, list) or not (value or empty_ok):
         raise _BadEvent("block_hashes must be a non-empty list")
-    for h in value:
-        _hash(h)
-    return value
+    return tuple(_hash(h) for h in value)
 
 
 def _opt(f: dict[str, Any], name: str, kind: type) -> Any:

@@ -91,6 +91,46 @@ class _Block:
             cast(set[int], self.states).discard(worker_id)
 
 
+class _Ahead:
+    """A worker's blocks whose hashes also cover the tokens after them (vLLM 0.33 with
+    EAGLE hashes `lookahead_token_ids`): vLLM reuses such a block only where the prompt
+    goes on with those tokens. Per hash, its node and lookahead; per node, how many of
+    its hashes carry each lookahead (one block can be cached once per continuation)."""
+
+    __slots__ = ("of", "at")
+
+    def __init__(self) -> None:
+        self.of: dict[int, tuple[_Block, bytes]] = {}
+        self.at: dict[_Block, dict[bytes, int]] = {}
+
+    def add(self, h: int, node: _Block, tokens: bytes) -> None:
+        self.discard(h)
+        self.of[h] = (node, tokens)
+        counts = self.at.setdefault(node, {})
+        counts[tokens] = counts.get(tokens, 0) + 1
+
+    def discard(self, h: int) -> None:
+        got = self.of.pop(h, None)
+        if got is not None:
+            node, tokens = got
+            counts = self.at[node]
+            counts[tokens] -= 1
+            if not counts[tokens]:
+                del counts[tokens]
+                if not counts:
+                    del self.at[node]
+
+    def allows(self, node: _Block, data: bytes, at: int) -> bool:
+        """Whether the prompt `data` (int64 bytes) goes on at byte `at` as one of the
+        node's lookaheads says (a node stored without one always does)."""
+        counts = self.at.get(node)
+        return counts is None or any(data[at : at + len(t)] == t for t in counts)
+
+    def clear(self) -> None:
+        self.of.clear()
+        self.at.clear()
+
+
 class _Worker:
     __slots__ = (
         "id",
@@ -101,6 +141,7 @@ class _Worker:
         "group_kinds",
         "skipped",
         "media",
+        "ahead",
     )
 
     def __init__(self, worker_id: int, hybrid: bool) -> None:
@@ -116,6 +157,7 @@ class _Worker:
         # Blocks on a lower tier: (medium, "kv" or "state") -> the hashes held there.
         # Only counted for now; the per-tier answer will place them in the trie.
         self.media: dict[tuple[str, str], set[int]] = {}
+        self.ahead = _Ahead()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +206,7 @@ class Indexer:
         w.aliases.clear()
         w.pending_states.clear()
         w.media.clear()
+        w.ahead.clear()
 
     def worker_ids(self) -> list[int]:
         return sorted(self._workers)
@@ -247,6 +290,7 @@ class Indexer:
             parent = found
         try:
             data = array("q", e.token_ids).tobytes()
+            ahead = [array("q", x).tobytes() for x in e.lookahead] if e.lookahead else None
         except (TypeError, OverflowError):
             return _skip(w, "token_ids not int64")
         step, blocks, pending, wid = 8 * self.block_size, w.blocks, w.pending_states, w.id
@@ -269,6 +313,13 @@ class Indexer:
                 pending.discard(h)
                 node.add_state(wid)
             parent = node
+        if ahead is not None or w.ahead.of:  # lookaheads to note, or to forget
+            for i, h in enumerate(e.block_hashes):
+                if ahead is not None:
+                    w.ahead.add(h, blocks[h], ahead[i])
+                else:
+                    w.ahead.discard(h)
+        return None
 
     def _lower(
         self, w: _Worker, medium: str, role: str, hashes: Iterable[int], stored: bool
@@ -300,6 +351,7 @@ class Indexer:
                     node.drop_state(w.id)
             elif role in (_KV, _UNKNOWN):
                 w.pending_states.discard(h)
+                w.ahead.discard(h)
                 gone = w.blocks.pop(h, None)
                 if gone is not None:
                     self._release(w, gone)
@@ -355,6 +407,9 @@ class Indexer:
         state_end = dict.fromkeys(self._workers, 0)
         active = set(self._workers)
         data, step, node, depth = tokens.tobytes(), 8 * size, self._root, 0
+        # the prompt's blocks in the trie as far as any worker matched, kept only when a
+        # worker has lookahead hashes (see `_cut`)
+        path: list[_Block] | None = [] if any(w.ahead.at for w in self._workers.values()) else None
         for k in range(len(tokens) // size):
             child = node.children.get(data[k * step : (k + 1) * step])
             if child is None:
@@ -371,9 +426,30 @@ class Indexer:
                 for w in child.states & active:
                     state_end[w] = depth
             node = child
+            if path is not None:
+                path.append(node)
         for w in active:
             matched[w] = depth
+        for wid, worker in self._workers.items():
+            if path is not None and worker.ahead.at and matched[wid]:
+                matched[wid], state_end[wid] = self._cut(worker, path, data, matched[wid], cap)
         return {w: self._overlap(w, matched[w], state_end[w], cap) for w in matched}
+
+    def _cut(
+        self, w: _Worker, path: list[_Block], data: bytes, matched: int, cap: int
+    ) -> tuple[int, int]:
+        """The match of a worker with lookahead hashes, cut back past blocks whose
+        lookahead the prompt does not go on with, and the deepest state within it. (A
+        block followed by a matched block passed that block's tokens as its lookahead
+        when it was stored, so only the last one is in doubt; it is checked again after
+        each cut.)"""
+        size = self.block_size
+        while matched and not w.ahead.allows(path[matched // size - 1], data, 8 * matched):
+            matched -= size
+        state = min(matched, cap) // size * size
+        while state and w.id not in path[state // size - 1].states:
+            state -= size
+        return matched, state
 
     def _overlap(self, worker_id: int, matched: int, state_end: int, cap: int) -> Overlap:
         usable = state_end if self._workers[worker_id].hybrid else min(matched, cap)
