@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from mambaradix.events.model import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from mambaradix.events.releases import release
 from mambaradix.index.indexer import Indexer
 from mambaradix.index.subscriber import ZmqSubscriber
 
@@ -169,8 +170,11 @@ def _kind(value: Any) -> str:
     return names.get(type(value), "number")
 
 
+_MEDIA_OUT = release("vllm").media  # medium names as the newest vLLM spells them
+
+
 def event_json(e: Event) -> dict[str, Any]:
-    """An event as a JSON object, with vLLM's field names."""
+    """An event as a JSON object, with the newest vLLM's field and medium names."""
     if isinstance(e, BlockStored):
         return {
             "type": "BlockStored",
@@ -180,14 +184,14 @@ def event_json(e: Event) -> dict[str, Any]:
             "block_size": e.block_size,
             "group_idx": e.group,
             "kv_cache_spec_kind": e.kind,
-            "medium": e.medium,
+            "medium": _MEDIA_OUT.get(e.medium, e.medium),  # type: ignore[arg-type]
         }
     if isinstance(e, BlockRemoved):
         return {
             "type": "BlockRemoved",
             "block_hashes": list(e.block_hashes),
             "group_idx": e.group,
-            "medium": e.medium,
+            "medium": _MEDIA_OUT.get(e.medium, e.medium),  # type: ignore[arg-type]
         }
     assert isinstance(e, AllBlocksCleared)
     return {"type": "AllBlocksCleared"}
