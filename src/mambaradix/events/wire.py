@@ -41,8 +41,6 @@ from mambaradix.events.model import (
 )
 from mambaradix.events.releases import MEDIA_IN, Release, Schema
 
-FORMATS = ("vllm", "sglang")  # the engine names; each stands for its newest release
-
 # --------------------------------------------------------------------------- encoding
 
 _encoder = msgspec.msgpack.Encoder()

@@ -20,6 +20,11 @@ keep one promise: **everything credited was seen stored and not seen removed sin
    seq order, and a new process numbers from 0 again. The worker is cleared and the feed
    starts over as at a cold start, from this batch. (A restart is missed only when the
    first live batch seen from the new process is numbered above the old one's last.)
+
+Nothing is dropped without a count (`counts`, shown by `GET /workers`): an unreadable
+event (`bad_events`; the rest of its batch applies), an unreadable batch (`malformed`), a
+message that is no batch or end marker (`bad_frames`, counted by the subscriber), a
+batch or replay frame laid out as another release than the worker's (`dialect_mismatch`).
 """
 
 from __future__ import annotations
