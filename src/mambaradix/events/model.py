@@ -40,6 +40,8 @@ class BlockStored:
     For the attention KV (a full-prefix kind, or no kind) `block_hashes` names each
     block, in order. For a state group (vLLM's align mode) it names only the blocks
     whose state was kept, in order, possibly none: the blocks between hold nothing.
+    `block_size` 0 with no tokens is a placeholder (vLLM's offload connector): blocks
+    named by hash alone.
 
     `namespace` says what else the block hashes depend on ("lora", "cache_salt"), which
     a query by token ids cannot name. `lookahead` (vLLM 0.33 with EAGLE) holds, per
