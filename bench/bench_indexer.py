@@ -8,9 +8,11 @@ replayed into one `MambaRadixCache` per worker, each with its own seed, with an
 `EventEmitter` on it; the events of each op form one batch. Then, on one core:
 
 * `apply`: `Indexer.apply` on the in-process events (a router fed in-process);
-* `feed (vllm)` / `feed (sglang)`: the same batches encoded as each engine sends them,
-  through `WorkerFeed.offer` (msgpack decoding, sequence checks, apply): what
-  `mambaradix index` does per ZMQ message. SGLang sends one event per block;
+* `feed (RELEASE)`: the same batches encoded as that release sends them, through
+  `WorkerFeed.offer` (msgpack decoding, sequence checks, apply): what `mambaradix index`
+  does per ZMQ message. vLLM 0.33.0: tagged maps; SGLang 0.5.15.post1: tagged arrays, one
+  event per block, no state events; SGLang 0.5.23: tagged maps, consecutive stores
+  coalesced, no state events;
 * `query`: 8 workers hold a 16,384-token prompt (their first 8,192 tokens shared, states
   every 512 tokens); the time of `Indexer.query` on that prompt plus one token (median
   of the repeats), and on a prompt that shares only the first 8,192 tokens.
@@ -33,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mambaradix import MambaRadixCache  # noqa: E402
 from mambaradix.events import BlockStored, Event, EventEmitter  # noqa: E402
-from mambaradix.events.wire import encode_batch  # noqa: E402
+from mambaradix.events.wire import decode_batch, encode_batch  # noqa: E402
 from mambaradix.index import Indexer  # noqa: E402
 from mambaradix.index.feed import WorkerFeed  # noqa: E402
 from workload import EVICT_CHECK, INSERT, WorkloadConfig, generate  # noqa: E402
@@ -137,11 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     n = sum(len(b) for bs in singles.values() for b in bs)
     s = time_apply(singles, block)
     rows["apply_1block"] = {"s": s, "events": n, "events_per_s": n / s, "blocks_per_s": blocks / s}
-    for fmt in ("vllm", "sglang"):
-        payloads = {w: [encode_batch(b, fmt) for b in bs] for w, bs in streams.items()}
-        n = sum(len(_wire_events(fmt, b)) for bs in streams.values() for b in bs)
+    for release in ("vllm-0.33.0", "sglang-0.5.15.post1", "sglang-0.5.23"):
+        payloads = {w: [encode_batch(b, release) for b in bs] for w, bs in streams.items()}
+        n = sum(len(decode_batch(p).events) for ps in payloads.values() for p in ps)
         s = time_feed(payloads, block)
-        rows[f"feed_{fmt}"] = {
+        rows[f"feed_{release}"] = {
             "s": s,
             "events": n,
             "events_per_s": n / s,
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in rows.items():
         if isinstance(row, dict):
             rate, blocks_rate = row["events_per_s"], row["blocks_per_s"]
-            print(f"{name:12s} {rate:>12,.0f} events/s {blocks_rate:>12,.0f} blocks/s")
+            print(f"{name:24s} {rate:>12,.0f} events/s {blocks_rate:>12,.0f} blocks/s")
     ix, prompt = query_setup(block)
     full = time_query(ix, prompt + [1], args.repeats)
     half = time_query(ix, prompt[: len(prompt) // 2] + [7] * (len(prompt) // 2) + [1], args.repeats)
@@ -176,19 +178,6 @@ def _one_block_each(batch: list[Event]) -> list[Event]:
                 out.append(BlockStored((h,), parent, tokens, size, e.group, e.kind, e.medium))
                 parent = h
         else:
-            out.append(e)
-    return out
-
-
-def _wire_events(fmt: str, batch: list[Event]) -> list[Any]:
-    """The events as the format sends them (SGLang: one per KV block, no state events)."""
-    if fmt == "vllm":
-        return batch
-    out: list[Any] = []
-    for e in batch:
-        if isinstance(e, BlockStored):
-            out.extend(e.block_hashes if e.group in (0, None) else ())
-        elif getattr(e, "group", 0) in (0, None):
             out.append(e)
     return out
 

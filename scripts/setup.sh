@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv with the project, its extras and the test tools, and fetches the
-# SGLang wheels (0.5.15.post1, 0.5.23) that the differential tests and benchmarks read.
+# vLLM 0.33.0 and SGLang 0.5.15.post1 / 0.5.23 wheels that the differential tests,
+# event tests and benchmarks read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,9 +30,7 @@ fi
 # Optional: Mooncake's CPU build. Its test skips only when the package is absent.
 .venv/bin/python -m pip install -q -e ".[mooncake]" \
     || echo "setup.sh: optional extra mooncake not installed; tests/test_tiers_mooncake.py will skip" >&2
-mkdir -p .cache/sglang
-for ver in 0.5.15.post1 0.5.23; do
-    if ! ls .cache/sglang/sglang-"$ver"-*.whl >/dev/null 2>&1; then
-        .venv/bin/python -m pip download -q sglang=="$ver" --no-deps -d .cache/sglang
-    fi
-done
+
+# the wheels the differential and event tests read: vLLM 0.33.0, SGLang 0.5.23 and
+# 0.5.15.post1 (`scripts/fetch-event-wheels.sh --all` fetches every release, for -m slow)
+bash scripts/fetch-event-wheels.sh

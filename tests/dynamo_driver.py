@@ -72,7 +72,7 @@ class Stream:
         self.tree = MambaRadixCache(page_size=1)
         self.emitter = EventEmitter(self.tree, BLOCK)
         self.pubs = {
-            w: ZmqPublisher(f"tcp://127.0.0.1:{p}", fmt=FORMATS[w]) for w, p in PORTS.items()
+            w: ZmqPublisher(f"tcp://127.0.0.1:{p}", release=FORMATS[w]) for w, p in PORTS.items()
         }
         self.ours = Indexer(BLOCK)
         self.sub = ZmqSubscriber(self.ours)

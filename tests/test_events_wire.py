@@ -5,7 +5,7 @@ vLLM: the expected msgpack structure is written out by hand from vLLM's
 `omit_defaults`; field order block_hashes, parent_block_hash, token_ids, block_size,
 lora_id, medium, lora_name, [extra_keys], group_idx, kv_cache_spec_kind, ...).
 SGLang: SGLang 0.5.15.post1's own structs (from its wheel) decode our payloads and
-encode batches that we decode."""
+encode batches that we decode. Every other release: tests/test_events_releases.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from mambaradix.events import AllBlocksCleared, BlockRemoved, BlockStored
+from mambaradix.events.model import DEVICE, HOST
 from mambaradix.events.wire import MalformedBatch, decode_batch, encode_batch
 from upstream_kv_events import sglang_kv_events
 
@@ -57,7 +58,7 @@ def test_vllm_layout_field_for_field() -> None:
 
 def test_sglang_structs_decode_our_payload() -> None:
     up = sglang_kv_events()
-    payload = encode_batch(EVENTS, "sglang", ts=2.5)
+    payload = encode_batch(EVENTS, "sglang-0.5.15.post1", ts=2.5)
     batch = msgspec.msgpack.Decoder(up.KVEventBatch).decode(payload)
     assert batch.ts == 2.5 and batch.attn_dp_rank == 0
     assert batch.events == [  # one event per block, KV only: the state events are gone
@@ -82,8 +83,8 @@ def test_we_decode_what_sglang_encodes() -> None:
     got = decode_batch(msgspec.msgpack.encode(batch))
     assert got.rank == 1 and not got.problems
     assert got.events == [
-        BlockStored((-5,), None, [1, 2], 2, None, None, "GPU"),
-        BlockRemoved((-5,), None, "CPU_PINNED"),
+        BlockStored((-5,), None, [1, 2], 2, None, None, DEVICE),
+        BlockRemoved((-5,), None, HOST),
         AllBlocksCleared(),
     ]
 
@@ -94,7 +95,7 @@ def test_vllm_round_trip() -> None:
     assert [(type(e).__name__, getattr(e, "block_hashes", ())) for e in got.events] == [
         (type(e).__name__, getattr(e, "block_hashes", ())) for e in EVENTS
     ]
-    assert got.events[1] == BlockStored((12,), 11, [4, 5, 6, 7], 4, 1, "mamba", "GPU")
+    assert got.events[1] == BlockStored((12,), 11, [4, 5, 6, 7], 4, 1, "mamba", DEVICE)
 
 
 def test_decoding_tolerates_what_engines_add() -> None:
@@ -121,8 +122,8 @@ def test_decoding_tolerates_what_engines_add() -> None:
     got = decode_batch(msgspec.msgpack.encode(newer_vllm))
     assert not got.problems
     assert got.events == [  # unsigned 64-bit hashes kept as sent
-        BlockStored((2**64 - 1,), None, [1, 2], 2, 0, "full_attention", "GPU"),
-        BlockRemoved((2**63,), 0, "GPU"),
+        BlockStored((2**64 - 1,), None, [1, 2], 2, 0, "full_attention", DEVICE),
+        BlockRemoved((2**63,), 0, DEVICE),
     ]
 
 
@@ -141,20 +142,25 @@ def test_bad_events_are_reported_and_a_lost_removal_distrusts_what_came_before()
         [
             ["BlockStored", [1], None, [1, 2], 2, None, "GPU"],
             ["BlockStored", [2], 1, [1, 2, 3], 2, None, "GPU"],  # 3 tokens for one block of 2
-            ["BlockStored", [3], None, [1, 2], 2, 7, "GPU"],  # a LoRA block
+            ["BlockStored", [3], None, [1, 2], 2, 7, "GPU"],  # a LoRA block: read, marked
             ["NewEventType", 1],
             ["BlockRemoved", "not a list"],
             ["BlockStored", [4], None, [5, 6], 2, None, "GPU"],
         ],
     ]
     got = decode_batch(msgspec.msgpack.encode(batch))
-    assert [e.block_hashes for e in got.events] == [(1,), (4,)]  # type: ignore[union-attr]
-    assert len(got.problems) == 4
-    assert got.unsafe and got.trusted_from == 1  # the unreadable removal came after event 0
+    assert [e.block_hashes for e in got.events] == [(1,), (3,), (4,)]  # type: ignore[union-attr]
+    assert [e.namespace for e in got.events] == [None, "lora", None]  # type: ignore[union-attr]
+    assert got.problems == [
+        "BlockStored: 3 token_ids are not whole blocks of 2",
+        "unknown event type 'NewEventType' ignored",
+        "BlockRemoved: block_hashes must be a non-empty list",
+    ]
+    assert got.unsafe and got.trusted_from == 2  # the unreadable removal came after 2 events
 
 
-def test_bad_format_name() -> None:
-    with pytest.raises(ValueError, match="fmt"):
+def test_bad_release_name() -> None:
+    with pytest.raises(ValueError, match="release must be one of .* got 'trtllm'"):
         encode_batch(EVENTS, "trtllm")
 
 
@@ -171,8 +177,8 @@ def test_array_layout_with_vllm_fields_keeps_the_groups() -> None:
     ]
     got = decode_batch(msgspec.msgpack.encode(batch))
     assert got.events == [
-        BlockStored((7,), None, [1, 2], 2, 1, "mamba", "GPU"),
-        BlockRemoved((7,), 1, "GPU"),
+        BlockStored((7,), None, [1, 2], 2, 1, "mamba", DEVICE),
+        BlockRemoved((7,), 1, DEVICE),
     ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from mambaradix.events import AllBlocksCleared, BlockRemoved, BlockStored
+from mambaradix.events.model import DISK, HOST
 from mambaradix.index import Indexer, Overlap
 
 
@@ -83,6 +84,56 @@ def test_what_does_not_count() -> None:
     )
     assert ix.query(PROMPT) == {0: Overlap(0, 0, 0)}
     assert sum(ix.worker_info(0)["skipped"].values()) == 4
+
+
+def test_namespaced_blocks_are_skipped_and_counted() -> None:
+    """A LoRA or salted block's hashes depend on more than its tokens: a query by token
+    ids must not be credited with it (it would be, keyed by tokens alone)."""
+    ix = Indexer(2)
+    ix.apply(0, [kv([1], None, [1, 2], namespace="lora"), kv([2], None, [1, 2])])
+    ix.apply(1, [kv([1, 2], None, [1, 2, 3, 4], namespace="cache_salt")])
+    assert ix.query(PROMPT) == {0: Overlap(2, 0, 2), 1: Overlap(0, 0, 0)}
+    assert ix.worker_info(0)["skipped"] == {"namespaced (lora)": 1}
+    assert ix.worker_info(1)["skipped"] == {"namespaced (cache_salt)": 1}
+
+
+def test_lookahead_blocks_count_only_where_the_prompt_goes_on_with_their_lookahead() -> None:
+    """vLLM 0.33 with EAGLE hashes each block with the token after it
+    (`lookahead_token_ids`): block [1, 2] stored with lookahead [3] is not reused by a
+    prompt [1, 2, 9, ...]. Worked out by hand per prompt."""
+    ix = Indexer(2)
+    ix.apply(0, [kv([1, 2], None, [1, 2, 3, 4], lookahead=((3,), (5,))), state(2, [3, 4])])
+    ix.apply(0, [state(1, [1, 2])])
+    assert ix.query([1, 2, 3, 4, 5]) == {0: Overlap(4, 4, 0)}
+    assert ix.query([1, 2, 3, 4, 6]) == {0: Overlap(2, 2, 0)}  # block 2 wants a 5 after it
+    assert ix.query([1, 2, 3, 4]) == {0: Overlap(2, 2, 0)}  # nothing after block 2
+    assert ix.query([1, 2, 9]) == {0: Overlap(0, 0, 0)}
+    ix.apply(0, [kv([7], None, [1, 2], lookahead=((9,),))])  # the same block, another hash
+    assert ix.query([1, 2, 9]) == {0: Overlap(2, 2, 0)}
+    assert ix.query([1, 2, 3, 4, 5]) == {0: Overlap(4, 4, 0)}  # both continuations count
+    ix.apply(0, [BlockRemoved((7,))])
+    assert ix.query([1, 2, 9]) == {0: Overlap(0, 0, 0)}
+    ix.apply(1, [kv([1, 2], None, [1, 2, 3, 4])])  # a worker without lookahead hashes
+    assert ix.query([1, 2, 3, 4, 6])[1] == Overlap(4, 0, 4)
+
+
+def test_lower_tiers_are_kept_per_medium_not_credited() -> None:
+    ix = Indexer(2)
+    ix.apply(
+        0,
+        [
+            kv([1, 2], None, [1, 2, 3, 4], medium=HOST),
+            BlockStored((2,), 1, [3, 4], 2, 1, "mamba", HOST),
+            BlockStored((3, 4), None, [], 0, 0, "full_attention", DISK),  # an offload placeholder
+            kv([5], None, [1, 2]),  # on the device
+        ],
+    )
+    assert ix.query(PROMPT) == {0: Overlap(2, 0, 2)}  # the device's block alone, for now
+    assert ix.worker_info(0)["media"] == {"host": {"kv": 2, "state": 1}, "disk": {"kv": 2}}
+    ix.apply(0, [BlockRemoved((1,), 0, HOST), BlockRemoved((2,), 7, HOST)])  # 7: unknown group
+    assert ix.worker_info(0)["media"] == {"disk": {"kv": 2}}
+    ix.apply(0, [AllBlocksCleared()])
+    assert ix.worker_info(0)["media"] == {} and ix.worker_info(0)["skipped"] == {}
 
 
 def test_removals_follow_the_group_kind_learned_from_stores() -> None:

@@ -145,6 +145,31 @@ def test_an_unreadable_removal_clears_and_keeps_what_follows() -> None:
     assert f.take_request() == SNAPSHOT_REQUEST
 
 
+def test_bad_events_are_counted_never_dropped_silently() -> None:
+    """A bad store is skipped (the rest of its batch applied) and counted; so is an
+    event of a type no release sends; a bad removal is counted too (it clears)."""
+    ix, f = feed()
+    bad_store = ["BlockStored", [9], None, [1, 2, 3], 2, None, "GPU"]  # 3 tokens, blocks of 2
+    batch = [0.0, [bad_store, ["Mystery"], ["BlockStored", [1], None, [1, 2], 2, None, "GPU"]]]
+    f.offer(0, msgspec.msgpack.encode(batch), 0.0)
+    assert f.counts["bad_events"] == 2 and f.counts["malformed"] == 0
+    assert matched(ix, [1, 2]) == 2
+    f.offer(1, msgspec.msgpack.encode([0.0, [["BlockRemoved", []]]]), 0.0)
+    assert f.counts["bad_events"] == 3 and f.counts["malformed"] == 1
+
+
+def test_a_release_laid_out_otherwise_is_counted() -> None:
+    ix = Indexer(2)
+    f = WorkerFeed(ix, 0, release="sglang-0.5.15.post1")  # arrays; these are maps
+    f.offer(0, encode_batch([X], "sglang-0.5.23"), 0.0)
+    f.offer(1, encode_batch([Y], "sglang-0.5.15.post1"), 0.0)
+    assert f.counts["dialect_mismatch"] == 1 and f.counts["applied"] == 2
+    assert matched(ix, [1, 2]) == 2 and matched(ix, [3, 4]) == 2
+    assert f.status()["release"] == "sglang-0.5.15.post1"
+    with pytest.raises(ValueError, match="release must be one of auto, vllm, sglang"):
+        WorkerFeed(ix, 1, release="vllm-9")
+
+
 # ------------------------------------------------------------- random delivery
 
 

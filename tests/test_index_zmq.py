@@ -153,7 +153,8 @@ def test_sglang_publisher_feeds_our_subscriber(tmp_path: Path) -> None:
             prod.tree.insert(keys(i), list(range(1000 * i, 1000 * i + len(keys(i)))), state=i)
             events = prod.emitter.take()
             prod.truth.apply(1, events)
-            batch = msgspec.msgpack.decode(encode_batch(events, "sglang"), type=up.KVEventBatch)
+            payload = encode_batch(events, "sglang-0.5.15.post1")
+            batch = msgspec.msgpack.decode(payload, type=up.KVEventBatch)
             publisher.publish(batch)
         sub.add(1, f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay")
         wait_until(lambda: sub.feeds[1].last == 3, lambda: sub.poll(0.02))
@@ -289,6 +290,15 @@ W1 = ["--workers", "1=tcp://127.0.0.1:1"]
         # ZMQ connects to tcp://host:99999 without a word (no such port exists)
         (["--workers", "1=tcp://127.0.0.1:99999"], "'tcp://127.0.0.1:99999' has no port 1-65535"),
         ([*W1, "--replay", "1=tcp://127.0.0.1:0"], "'tcp://127.0.0.1:0' has no port 1-65535"),
+        # a release nobody ships: named, with the ones that exist
+        (
+            [*W1, "--release", "vllm-0.99.0"],
+            "argument --release: release must be one of auto, vllm, sglang, vllm-0.24.0, ",
+        ),
+        ([*W1, "--release", "1=sglang-0.6"], "sglang-0.5.23; got 'sglang-0.6'"),
+        ([*W1, "--release", "x=vllm"], "expected NAME or WORKER_ID=NAME, got 'x=vllm'"),
+        ([*W1, "--release", "1=vllm,1=sglang"], "that worker's release is given twice"),
+        ([*W1, "--release", "2=vllm"], "worker 2 is not in --workers"),
     ],
 )
 def test_cli_refuses_with_one_line(
@@ -362,6 +372,8 @@ def test_cli_serves_what_it_is_fed() -> None:
         "0",
         "--duration",
         "20",
+        "--release",
+        "1=vllm-0.33.0",
     ]
     cmd = [sys.executable, "-m", "mambaradix.cli", "index", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -380,6 +392,9 @@ def test_cli_serves_what_it_is_fed() -> None:
         want = {"longest_matched": 8, "gpu": 8, "usable": 4, "tail_recompute": 4}
         # waits for both batches (a query between them sees the first alone: usable 0)
         wait_until(lambda: answer.get("instances", {}).get("1") == want, ask)
+        status, workers = request(line.split()[-1] + "/workers")
+        assert status == 200 and workers[0]["release"] == "vllm-0.33.0"
+        assert workers[0]["counts"]["dialect_mismatch"] == workers[0]["counts"]["bad_events"] == 0
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
@@ -392,8 +407,8 @@ def test_bad_addresses_leave_nothing_behind() -> None:
     with pytest.raises(zmq.ZMQError):
         sub.add(1, "tcp://127.0.0.1:1", "tcp://no-such-host-name:-1")
     assert sub.feeds == {} and ix.worker_ids() == []
-    with pytest.raises(ValueError, match="fmt"):
-        ZmqPublisher(LOOPBACK, fmt="json")
+    with pytest.raises(ValueError, match="release must be one of .* got 'json'"):
+        ZmqPublisher(LOOPBACK, release="json")
     with pytest.raises(ValueError, match="buffer_steps"):
         ZmqPublisher(LOOPBACK, buffer_steps=0)
     sub.close()

@@ -1,13 +1,17 @@
 """Cache events: block-hash events from a tree, for routers and indexers.
 
 `EventEmitter` (standard library only) turns tree changes into `BlockStored` /
-`BlockRemoved` / `AllBlocksCleared`; `wire` encodes them as vLLM or SGLang send them
-(needs the `events` extra: msgspec); `publisher` sends them over ZMQ (pyzmq).
+`BlockRemoved` / `AllBlocksCleared`; `releases` describes how each vLLM and SGLang
+release puts them on the wire; `wire` encodes and decodes them per release (needs the
+`events` extra: msgspec); `publisher` sends them over ZMQ (pyzmq). See docs/events.md.
 """
 
 from mambaradix.events.emitter import EventEmitter
 from mambaradix.events.hashing import block_digest, chain_hashes, digest_to_int64
 from mambaradix.events.model import (
+    DEVICE,
+    DISK,
+    HOST,
     KV_GROUP,
     STATE_GROUP,
     AllBlocksCleared,
@@ -15,9 +19,16 @@ from mambaradix.events.model import (
     BlockStored,
     Event,
 )
+from mambaradix.events.releases import RELEASES, Release, release
 
 __all__ = [
     "EventEmitter",
+    "RELEASES",
+    "Release",
+    "release",
+    "DEVICE",
+    "HOST",
+    "DISK",
     "BlockStored",
     "BlockRemoved",
     "AllBlocksCleared",

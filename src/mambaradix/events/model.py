@@ -7,6 +7,11 @@ Two groups, numbered as vLLM numbers hybrid KV cache groups:
 
 A block is named by the chained hash of every token up to its end (`hashing.py`), so
 the same hash in both groups means "the KV of this block" and "the state after it".
+
+Every event names the medium its blocks live on: `DEVICE` (L1, accelerator memory),
+`HOST` (L2, host memory) or `DISK` (L3, any store below host memory), as vLLM's `medium`
+field does; `wire.py` spells them as each release does ("GPU", "CPU", "CPU_PINNED",
+"STORAGE", ...). A name no release uses is kept as sent.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ KV_GROUP = 0
 STATE_GROUP = 1
 KV_KIND = "full_attention"
 STATE_KIND = "mamba"
-GPU = "GPU"
+DEVICE, HOST, DISK = "device", "host", "disk"
+MEDIA = (DEVICE, HOST, DISK)
 
 # vLLM's KVCacheSpecKind values whose blocks hold the attention KV of a whole prefix.
 FULL_PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
@@ -28,8 +34,19 @@ STATE_KINDS = frozenset({"mamba"})
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
-    """Blocks `block_hashes` (consecutive, the first one a child of `parent_block_hash`,
-    None at the start of a sequence) now hold `token_ids`, `block_size` per block."""
+    """`token_ids` (whole blocks of `block_size`, the first a child of
+    `parent_block_hash`, None at the start of a sequence) are now stored.
+
+    For the attention KV (a full-prefix kind, or no kind) `block_hashes` names each
+    block, in order. For a state group (vLLM's align mode) it names only the blocks
+    whose state was kept, in order, possibly none: the blocks between hold nothing.
+    `block_size` 0 with no tokens is a placeholder (vLLM's offload connector): blocks
+    named by hash alone.
+
+    `namespace` says what else the block hashes depend on ("lora", "cache_salt"), which
+    a query by token ids cannot name. `lookahead` (vLLM 0.33 with EAGLE) holds, per
+    hash, the tokens after its block that its hash covers.
+    """
 
     block_hashes: Sequence[int]
     parent_block_hash: int | None
@@ -37,7 +54,9 @@ class BlockStored:
     block_size: int
     group: int | None = KV_GROUP
     kind: str | None = KV_KIND
-    medium: str | None = GPU
+    medium: str | None = DEVICE
+    namespace: str | None = None
+    lookahead: Sequence[Sequence[int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +65,7 @@ class BlockRemoved:
 
     block_hashes: Sequence[int]
     group: int | None = KV_GROUP
-    medium: str | None = GPU
+    medium: str | None = DEVICE
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,12 @@
-"""ZMQ publisher of event batches, framed as vLLM and SGLang frame theirs.
+"""ZMQ publisher of event batches, framed as the chosen release of vLLM or SGLang frames them.
 
 * PUB socket: multipart `(topic, seq, payload)`, `seq` 8 bytes big-endian from 0, one
   per published batch, `payload` a msgpack `EventBatch` (`wire.encode_batch`).
-* Replay ROUTER socket (optional): a client sends `(b"", start_seq)` and receives
-  `(b"", seq, payload)` for every buffered batch with `seq >= start_seq`, then
-  `(b"", -1, b"")` (-1 as 8 signed bytes). The buffer keeps `buffer_steps` batches.
+* Replay ROUTER socket (optional): a client sends `(b"", start_seq)` and receives, for
+  every buffered batch with `seq >= start_seq`, `(b"", seq, payload)` (vLLM <= 0.25,
+  SGLang <= 0.5.21) or `(b"", topic, seq, payload)` (vLLM >= 0.26, SGLang >= 0.5.22),
+  then the end marker `(b"", -1, b"")` or `(b"", b"", -1, b"")` (-1 as 8 signed bytes).
+  The buffer keeps `buffer_steps` batches.
 * Cold start, our extension: with a `snapshot` callable (e.g. `EventEmitter.dump`), a
   request older than the buffer, or the 8 bytes of -2 (`SNAPSHOT_REQUEST`, which an
   engine's publisher answers with the end marker alone), is answered by one batch tagged
@@ -24,8 +26,10 @@ from typing import Any
 
 import zmq
 
+from mambaradix.events import releases
 from mambaradix.events.model import Event
-from mambaradix.events.wire import FORMATS, check_rank, encode_batch
+from mambaradix.events.releases import Release
+from mambaradix.events.wire import check_rank, encode_batch
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 SNAPSHOT_REQUEST = (-2).to_bytes(8, "big", signed=True)
@@ -41,21 +45,21 @@ def check_seconds(name: str, value: Any, positive: bool = False) -> None:
 
 
 class ZmqPublisher:
-    """Publish batches on `endpoint` (bound; port 0 picks one, see `endpoint`)."""
+    """Publish batches on `endpoint` (bound; port 0 picks one, see `endpoint`) as
+    `release` does (a name from `releases.py`; "vllm" / "sglang": the newest)."""
 
     def __init__(
         self,
         endpoint: str,
         replay_endpoint: str | None = None,
-        fmt: str = "vllm",
+        release: str | Release = "vllm",
         buffer_steps: int = 10_000,
         snapshot: Callable[[], Sequence[Event]] | None = None,
         topic: str = "",
         rank: int = 0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
-        if fmt not in FORMATS:
-            raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+        dialect = releases.release(release)
         if isinstance(buffer_steps, bool) or not isinstance(buffer_steps, int) or buffer_steps < 1:
             raise ValueError(f"buffer_steps must be a positive int, got {buffer_steps!r}")
         check_rank(rank)
@@ -63,7 +67,7 @@ class ZmqPublisher:
             raise TypeError(f"topic must be a str, got {topic!r}")
         if snapshot is not None and not callable(snapshot):
             raise TypeError(f"snapshot must be a callable or None, got {snapshot!r}")
-        self.fmt, self.rank, self._snapshot = fmt, rank, snapshot
+        self.release, self.rank, self._snapshot = dialect, rank, snapshot
         self._topic = topic.encode()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._next_seq = 0
@@ -99,7 +103,7 @@ class ZmqPublisher:
         """Send one batch; returns its seq (None for no events: nothing is sent)."""
         if not events:
             return None
-        payload = encode_batch(events, self.fmt, ts, self.rank)
+        payload = encode_batch(events, self.release, ts, self.rank)
         seq = self._next_seq
         self._send([self._topic, seq.to_bytes(8, "big"), payload])
         self._buffer.append((seq, payload))
@@ -125,17 +129,25 @@ class ZmqPublisher:
         return served
 
     def _answer(self, client: bytes, request: bytes) -> None:
-        assert self._replay is not None
         start = int.from_bytes(request, "big", signed=True)
         oldest = self._buffer[0][0] if self._buffer else self._next_seq
         if self._snapshot is not None and self.last_seq >= 0 and (start == -2 or start < oldest):
-            payload = encode_batch(list(self._snapshot()), self.fmt, None, self.rank)
-            self._replay.send_multipart([client, b"", self.last_seq.to_bytes(8, "big"), payload])
+            payload = encode_batch(list(self._snapshot()), self.release, None, self.rank)
+            self._reply(client, self.last_seq.to_bytes(8, "big"), payload)
         elif start >= 0:
             for seq, payload in self._buffer:
                 if seq >= start:
-                    self._replay.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-        self._replay.send_multipart([client, b"", END_SEQ, b""])
+                    self._reply(client, seq.to_bytes(8, "big"), payload)
+        self._reply(client, END_SEQ, b"")
+
+    def _reply(self, client: bytes, seq: bytes, payload: bytes) -> None:
+        """One replay frame: the topic frame first where the release sends one (empty
+        before the end marker)."""
+        assert self._replay is not None
+        head = [client, b""]
+        if self.release.replay_topic:
+            head.append(b"" if seq == END_SEQ else self._topic)
+        self._replay.send_multipart([*head, seq, payload])
 
     def close(self) -> None:
         self._pub.close(linger=0)

@@ -1,7 +1,12 @@
 """`mambaradix index`: the indexer as a process, fed by ZMQ publishers, queried over HTTP.
 
     mambaradix index --block-size 16 --workers 1=tcp://127.0.0.1:5557,2=tcp://127.0.0.1:5559 \\
-        --replay 1=tcp://127.0.0.1:5558 --port 8090
+        --replay 1=tcp://127.0.0.1:5558 --release 1=vllm-0.33.0,2=sglang-0.5.23 --port 8090
+
+`--release` names what the workers run (see `events/releases.py`): NAME for all of them,
+ID=NAME for one; "auto" (the default) reads every listed release. Every release is read
+whatever it says; a stream laid out otherwise is counted as `dialect_mismatch` in
+`GET /workers`.
 
 Binds HTTP on 127.0.0.1 unless `--host` says otherwise; prints one line with the address
 once it listens; stops on SIGINT/SIGTERM or after `--duration` seconds.
@@ -17,6 +22,8 @@ import sys
 import threading
 import time
 from typing import Any
+
+from mambaradix.events.releases import ingest_release
 
 
 def _endpoints(text: str) -> dict[int, str]:
@@ -36,6 +43,24 @@ def _endpoints(text: str) -> dict[int, str]:
         out[int(wid)] = endpoint
     if not out:
         raise argparse.ArgumentTypeError("expected at least one WORKER_ID=ENDPOINT")
+    return out
+
+
+def _releases(text: str) -> dict[int | None, str]:
+    """NAME (every worker) and/or ID=NAME items, separated by commas."""
+    out: dict[int | None, str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        wid, sep, name = item.rpartition("=")
+        if sep and not wid.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"expected NAME or WORKER_ID=NAME, got {item!r}")
+        key = int(wid) if sep else None
+        if key in out:
+            raise argparse.ArgumentTypeError(f"{item!r}: that worker's release is given twice")
+        try:
+            ingest_release(name.strip())
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        out[key] = name.strip()
     return out
 
 
@@ -80,6 +105,13 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--replay", type=_endpoints, default={}, help="ID=REPLAY_ENDPOINT,...")
     p.add_argument(
+        "--release",
+        type=_releases,
+        default={},
+        help="what the workers run: NAME or ID=NAME,... (vllm-0.33.0, sglang-0.5.23, ...; "
+        "default auto: any)",
+    )
+    p.add_argument(
         "--attention-workers", type=_ids, default=set(), help="IDs of attention-only models"
     )
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (default loopback)")
@@ -98,7 +130,8 @@ def _error(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    unknown = sorted((set(args.replay) | args.attention_workers) - set(args.workers))
+    named = {w for w in args.release if w is not None}
+    unknown = sorted((set(args.replay) | args.attention_workers | named) - set(args.workers))
     if unknown:
         return _error(f"worker {unknown[0]} is not in --workers")
     try:
@@ -119,10 +152,11 @@ def run(args: argparse.Namespace) -> int:
             if bad:
                 return _error(f"{flag} {wid}={endpoint}: {bad}")
     lock = threading.Lock()
-    subscriber = ZmqSubscriber(indexer, lock, timeout_s=args.timeout)
+    default = args.release.get(None, "auto")
+    subscriber = ZmqSubscriber(indexer, lock, timeout_s=args.timeout, release=default)
     try:
         for wid, endpoint in args.workers.items():
-            subscriber.add(wid, endpoint, args.replay.get(wid))
+            subscriber.add(wid, endpoint, args.replay.get(wid), args.release.get(wid))
         server = IndexServer((args.host, args.port), indexer, lock, subscriber, args.model_name)
     except (zmq.ZMQError, OSError) as e:  # an unknown host, a port in use or not allowed
         subscriber.close()

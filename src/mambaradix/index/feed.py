@@ -20,6 +20,11 @@ keep one promise: **everything credited was seen stored and not seen removed sin
    seq order, and a new process numbers from 0 again. The worker is cleared and the feed
    starts over as at a cold start, from this batch. (A restart is missed only when the
    first live batch seen from the new process is numbered above the old one's last.)
+
+Nothing is dropped without a count (`counts`, shown by `GET /workers`): an unreadable
+event (`bad_events`; the rest of its batch applies), an unreadable batch (`malformed`), a
+message that is no batch or end marker (`bad_frames`, counted by the subscriber), a
+batch or replay frame laid out as another release than the worker's (`dialect_mismatch`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import logging
 
 from mambaradix.events.model import AllBlocksCleared
 from mambaradix.events.publisher import SNAPSHOT_REQUEST, check_seconds
-from mambaradix.events.wire import DecodedBatch, MalformedBatch, decode_batch
+from mambaradix.events.releases import AUTO, Release, ingest_release
+from mambaradix.events.wire import MAPS, DecodedBatch, MalformedBatch, decode_batch
 from mambaradix.index.indexer import Indexer
 
 log = logging.getLogger("mambaradix.index")
@@ -36,14 +42,24 @@ log = logging.getLogger("mambaradix.index")
 
 class WorkerFeed:
     """Sequencing for one worker. Call `offer` per batch, `replay_ended` when a replay's
-    end marker arrives and `tick` now and then; send what `take_request` returns."""
+    end marker arrives and `tick` now and then; send what `take_request` returns.
+
+    `release` is the release the worker runs ("auto": any). Every listed release is read
+    whatever it says; a batch or replay frame laid out as another release lays it out
+    is counted (`dialect_mismatch`), so a misconfigured worker shows in the stats."""
 
     def __init__(
-        self, indexer: Indexer, worker_id: int, max_held: int = 10_000, timeout_s: float = 2.0
+        self,
+        indexer: Indexer,
+        worker_id: int,
+        max_held: int = 10_000,
+        timeout_s: float = 2.0,
+        release: str | Release = AUTO,
     ) -> None:
         if isinstance(max_held, bool) or not isinstance(max_held, int) or max_held < 1:
             raise ValueError(f"max_held must be a positive int, got {max_held!r}")
         check_seconds("timeout_s", timeout_s, positive=True)
+        self.release = ingest_release(release)
         self.indexer, self.worker_id = indexer, worker_id
         self.max_held, self.timeout_s = max_held, timeout_s
         self.last: int | None = None
@@ -62,6 +78,9 @@ class WorkerFeed:
                 "snapshots",
                 "timeouts",
                 "restarts",
+                "bad_events",  # events skipped as unreadable (the batch was applied)
+                "bad_frames",  # ZMQ messages that are no batch, replay reply or end marker
+                "dialect_mismatch",  # batches or replay frames of another release
             ),
             0,
         )
@@ -73,7 +92,18 @@ class WorkerFeed:
             indexer.add_worker(worker_id)
 
     def status(self) -> dict[str, object]:
-        return {"last_seq": self.last, "held": len(self.held), "waiting": self.waiting}
+        release = AUTO if self.release is None else self.release.name
+        return {
+            "last_seq": self.last,
+            "held": len(self.held),
+            "waiting": self.waiting,
+            "release": release,
+        }
+
+    def replay_framed(self, topic: bool) -> None:
+        """A replay frame arrived with (`topic`) or without a topic frame."""
+        if self.release is not None and self.release.replay_topic != topic:
+            self._mismatch("replay replies " + ("with" if topic else "without") + " a topic")
 
     def start_cold(self, now: float) -> None:
         """Ask for everything so far (a replay from 0; our publisher answers a snapshot
@@ -98,11 +128,15 @@ class WorkerFeed:
             self.counts["duplicates"] += 1
             return
         try:
-            batch = decode_batch(payload)
+            batch = decode_batch(payload, self.release)
         except MalformedBatch as e:
             return self._bad(seq, None, str(e), now)
         if batch.problems:
+            self.counts["bad_events"] += len(batch.problems)
             log.warning("worker %s seq %s: %s", self.worker_id, seq, "; ".join(batch.problems))
+        release = self.release
+        if release is not None and batch.layout and (batch.layout == MAPS) != release.event_maps:
+            self._mismatch(f"events as {batch.layout}")
         if batch.unsafe:
             return self._bad(seq, batch, "a removal could not be read", now)
         if batch.events and isinstance(batch.events[0], AllBlocksCleared):  # rule 3
@@ -130,6 +164,12 @@ class WorkerFeed:
             self._give_up(f"no answer to the {self.waiting} request in {self.timeout_s} s", now)
 
     # ----------------------------------------------------------------- helpers
+
+    def _mismatch(self, what: str) -> None:
+        if not self.counts["dialect_mismatch"]:
+            assert self.release is not None
+            log.warning("worker %s sends %s, unlike %s", self.worker_id, what, self.release.name)
+        self.counts["dialect_mismatch"] += 1
 
     def _apply(self, seq: int, batch: DecodedBatch, now: float) -> None:
         self.indexer.apply(self.worker_id, batch.events)

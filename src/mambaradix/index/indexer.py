@@ -16,8 +16,14 @@ Per prompt and worker (`query`):
 
 Which events count (`apply`): `BlockStored` of a full-prefix attention kind (or of no
 kind, as SGLang sends, in group 0 or no group) places KV blocks; of kind "mamba" it marks
-states. A block whose parent the worker never stored is not placed (and not credited).
-Only device blocks count (`medium` GPU or unset). A removal names a group; its kind is
+states; a state store may name fewer blocks than its tokens span (vLLM's align mode keeps
+states at some blocks only): each hash is the block it names, found among the worker's
+KV blocks, so only those states are credited. A block whose parent the worker never
+stored is not placed (and not credited). A block whose hashes depend on more than its
+tokens (a LoRA adapter, a cache salt: `namespace`) is not placed: a query by token ids
+cannot name it. Only device blocks are placed (`medium` DEVICE or unset); blocks on a
+lower tier (HOST, DISK) are kept per medium by hash only, for the per-tier answer that
+the tiers will add (`worker_info`'s "media"). A removal names a group; its kind is
 the one that group's stores carried, and a removal of an unknown group drops both the
 KV and the state. Removing a block's KV also drops the worker's state there. One
 block (parent and tokens) stored under several hashes (vLLM adds extra keys, an image's
@@ -35,8 +41,10 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from mambaradix.events.model import (
+    DEVICE,
+    DISK,
     FULL_PREFIX_KINDS,
-    GPU,
+    HOST,
     STATE_KINDS,
     AllBlocksCleared,
     BlockRemoved,
@@ -83,8 +91,58 @@ class _Block:
             cast(set[int], self.states).discard(worker_id)
 
 
+class _Ahead:
+    """A worker's blocks whose hashes also cover the tokens after them (vLLM 0.33 with
+    EAGLE hashes `lookahead_token_ids`): vLLM reuses such a block only where the prompt
+    goes on with those tokens. Per hash, its node and lookahead; per node, how many of
+    its hashes carry each lookahead (one block can be cached once per continuation)."""
+
+    __slots__ = ("of", "at")
+
+    def __init__(self) -> None:
+        self.of: dict[int, tuple[_Block, bytes]] = {}
+        self.at: dict[_Block, dict[bytes, int]] = {}
+
+    def add(self, h: int, node: _Block, tokens: bytes) -> None:
+        self.discard(h)
+        self.of[h] = (node, tokens)
+        counts = self.at.setdefault(node, {})
+        counts[tokens] = counts.get(tokens, 0) + 1
+
+    def discard(self, h: int) -> None:
+        got = self.of.pop(h, None)
+        if got is not None:
+            node, tokens = got
+            counts = self.at[node]
+            counts[tokens] -= 1
+            if not counts[tokens]:
+                del counts[tokens]
+                if not counts:
+                    del self.at[node]
+
+    def allows(self, node: _Block, data: bytes, at: int) -> bool:
+        """Whether the prompt `data` (int64 bytes) goes on at byte `at` as one of the
+        node's lookaheads says (a node stored without one always does)."""
+        counts = self.at.get(node)
+        return counts is None or any(data[at : at + len(t)] == t for t in counts)
+
+    def clear(self) -> None:
+        self.of.clear()
+        self.at.clear()
+
+
 class _Worker:
-    __slots__ = ("id", "hybrid", "blocks", "aliases", "pending_states", "group_kinds", "skipped")
+    __slots__ = (
+        "id",
+        "hybrid",
+        "blocks",
+        "aliases",
+        "pending_states",
+        "group_kinds",
+        "skipped",
+        "media",
+        "ahead",
+    )
 
     def __init__(self, worker_id: int, hybrid: bool) -> None:
         self.id = worker_id
@@ -96,6 +154,10 @@ class _Worker:
         self.pending_states: set[int] = set()  # states announced before their KV
         self.group_kinds: dict[int, str] = {}  # group_idx -> kv_cache_spec_kind
         self.skipped: dict[str, int] = {}  # why events were not applied, and how often
+        # Blocks on a lower tier: (medium, "kv" or "state") -> the hashes held there.
+        # Only counted for now; the per-tier answer will place them in the trie.
+        self.media: dict[tuple[str, str], set[int]] = {}
+        self.ahead = _Ahead()
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +205,8 @@ class Indexer:
         w.blocks.clear()
         w.aliases.clear()
         w.pending_states.clear()
+        w.media.clear()
+        w.ahead.clear()
 
     def worker_ids(self) -> list[int]:
         return sorted(self._workers)
@@ -150,12 +214,17 @@ class Indexer:
     def worker_info(self, worker_id: int) -> dict[str, Any]:
         w = self._worker(worker_id)
         states = sum(1 for node in w.blocks.values() if w.id in node.states)
+        media: dict[str, dict[str, int]] = {}
+        for (medium, role), hashes in w.media.items():
+            if hashes:
+                media.setdefault(medium, {})[role] = len(hashes)
         return {
             "instance_id": w.id,
             "hybrid": w.hybrid,
             "blocks": len(w.blocks),
             "states": states,
             "skipped": dict(w.skipped),
+            "media": media,
         }
 
     def _worker(self, worker_id: int) -> _Worker:
@@ -185,10 +254,6 @@ class Indexer:
                 _skip(w, "not an event")
 
     def _stored(self, w: _Worker, e: BlockStored) -> None:
-        if e.block_size != self.block_size:
-            return _skip(w, f"block_size {e.block_size}")
-        if e.medium not in (None, GPU):
-            return _skip(w, f"medium {e.medium}")
         group, kind = e.group, e.kind
         if group is not None and kind is not None:
             w.group_kinds[group] = kind
@@ -196,6 +261,12 @@ class Indexer:
             role = _KV
         else:
             role = self._role(w, group, kind)
+        if e.namespace is not None:
+            return _skip(w, f"namespaced ({e.namespace})")
+        if e.medium not in (None, DEVICE):
+            return self._lower(w, e.medium, role, e.block_hashes, True)
+        if e.block_size != self.block_size:
+            return _skip(w, f"block_size {e.block_size}")
         if role == _KV:
             self._place(w, e)
         elif role == _STATE:
@@ -219,6 +290,7 @@ class Indexer:
             parent = found
         try:
             data = array("q", e.token_ids).tobytes()
+            ahead = [array("q", x).tobytes() for x in e.lookahead] if e.lookahead else None
         except (TypeError, OverflowError):
             return _skip(w, "token_ids not int64")
         step, blocks, pending, wid = 8 * self.block_size, w.blocks, w.pending_states, w.id
@@ -241,11 +313,36 @@ class Indexer:
                 pending.discard(h)
                 node.add_state(wid)
             parent = node
+        if ahead is not None or w.ahead.of:  # lookaheads to note, or to forget
+            for i, h in enumerate(e.block_hashes):
+                if ahead is not None:
+                    w.ahead.add(h, blocks[h], ahead[i])
+                else:
+                    w.ahead.discard(h)
+        return None
+
+    def _lower(
+        self, w: _Worker, medium: str, role: str, hashes: Iterable[int], stored: bool
+    ) -> None:
+        """Blocks stored on (or removed from) a lower tier: kept by hash, per medium. A
+        removal of an unknown group drops both roles, as on the device."""
+        roles = (_KV, _STATE) if role == _UNKNOWN and not stored else (role,)
+        if medium not in (HOST, DISK):
+            return _skip(w, f"medium {medium}")
+        if roles[0] not in (_KV, _STATE):
+            return _skip(w, f"medium {medium} role {role}")
+        for r in roles:
+            held = w.media.setdefault((medium, r), set())
+            if stored:
+                held.update(hashes)
+            else:
+                held.difference_update(hashes)
+        return None
 
     def _removed(self, w: _Worker, e: BlockRemoved) -> None:
-        if e.medium not in (None, GPU):
-            return _skip(w, f"medium {e.medium}")
         role = self._role(w, e.group, None)
+        if e.medium not in (None, DEVICE):
+            return self._lower(w, e.medium, role, e.block_hashes, False)
         for h in e.block_hashes:
             if role == _STATE:
                 w.pending_states.discard(h)
@@ -254,6 +351,7 @@ class Indexer:
                     node.drop_state(w.id)
             elif role in (_KV, _UNKNOWN):
                 w.pending_states.discard(h)
+                w.ahead.discard(h)
                 gone = w.blocks.pop(h, None)
                 if gone is not None:
                     self._release(w, gone)
@@ -309,6 +407,9 @@ class Indexer:
         state_end = dict.fromkeys(self._workers, 0)
         active = set(self._workers)
         data, step, node, depth = tokens.tobytes(), 8 * size, self._root, 0
+        # the prompt's blocks in the trie as far as any worker matched, kept only when a
+        # worker has lookahead hashes (see `_cut`)
+        path: list[_Block] | None = [] if any(w.ahead.at for w in self._workers.values()) else None
         for k in range(len(tokens) // size):
             child = node.children.get(data[k * step : (k + 1) * step])
             if child is None:
@@ -325,9 +426,30 @@ class Indexer:
                 for w in child.states & active:
                     state_end[w] = depth
             node = child
+            if path is not None:
+                path.append(node)
         for w in active:
             matched[w] = depth
+        for wid, worker in self._workers.items():
+            if path is not None and worker.ahead.at and matched[wid]:
+                matched[wid], state_end[wid] = self._cut(worker, path, data, matched[wid], cap)
         return {w: self._overlap(w, matched[w], state_end[w], cap) for w in matched}
+
+    def _cut(
+        self, w: _Worker, path: list[_Block], data: bytes, matched: int, cap: int
+    ) -> tuple[int, int]:
+        """The match of a worker with lookahead hashes, cut back past blocks whose
+        lookahead the prompt does not go on with, and the deepest state within it. (A
+        block followed by a matched block passed that block's tokens as its lookahead
+        when it was stored, so only the last one is in doubt; it is checked again after
+        each cut.)"""
+        size = self.block_size
+        while matched and not w.ahead.allows(path[matched // size - 1], data, 8 * matched):
+            matched -= size
+        state = min(matched, cap) // size * size
+        while state and w.id not in path[state // size - 1].states:
+            state -= size
+        return matched, state
 
     def _overlap(self, worker_id: int, matched: int, state_end: int, cap: int) -> Overlap:
         usable = state_end if self._workers[worker_id].hybrid else min(matched, cap)

@@ -8,7 +8,10 @@
 * `GET /dump`: per worker, the events that rebuild what it holds.
 
 Bad requests get status 400 (404 for an unknown path or model, 408 for a body that does
-not arrive within `read_timeout_s`, 501 for another method) and `{"error": "..."}`.
+not arrive within `read_timeout_s`, 413 for a body over `MAX_BODY`, 501 for another
+method) and `{"error": "..."}`: a body that is not JSON, nests too deep for the parser,
+or holds the wrong types is answered, never a dropped connection. After a bad body the
+connection closes (what is left of the body must not be read as a next request).
 """
 
 from __future__ import annotations
@@ -19,10 +22,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from mambaradix.events.model import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from mambaradix.events.releases import release
 from mambaradix.index.indexer import Indexer
 from mambaradix.index.subscriber import ZmqSubscriber
 
 MAX_BODY = 64 << 20
+
+
+class _BadBody(ValueError):
+    """A request body the server refuses (`status`: the HTTP status to answer)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class IndexServer(ThreadingHTTPServer):
@@ -65,18 +77,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         if self.path != "/query":
+            self.close_connection = True  # its body is not read
             return self._send(404, {"error": f"unknown path {self.path}"})
         try:
             body = self._body()
-        except ValueError as e:
-            return self._send(400, {"error": str(e)})
+        except _BadBody as e:
+            self.close_connection = True
+            return self._send(e.status, {"error": str(e)})
         except TimeoutError:
             self.close_connection = True
             wait = self.server.read_timeout_s
             return self._send(408, {"error": f"the body did not arrive within {wait:g} s"})
         model = body.get("model_name", self.server.model_name)
+        if not isinstance(model, str):
+            return self._send(400, {"error": f"model_name must be a string, got {_kind(model)}"})
         if model != self.server.model_name:
-            return self._send(404, {"error": f"unknown model_name {model!r}"})
+            return self._send(404, {"error": f"unknown model_name {model[:200]!r}"})
         tokens = body.get("token_ids")
         if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in tokens
@@ -99,18 +115,25 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, {"instances": instances, "block_size": self.server.indexer.block_size})
 
     def _body(self) -> dict[str, Any]:
+        text = self.headers.get("Content-Length")
+        if text is None or not text.strip().isdigit():
+            raise _BadBody(f"Content-Length must be a number of bytes, got {text!r}", 411)
+        length = int(text)
+        if length > MAX_BODY:
+            raise _BadBody(f"body must be at most {MAX_BODY} bytes, got {length}", 413)
+        if length == 0:
+            raise _BadBody("body is empty: expected a JSON object")
+        data = self.rfile.read(length)
+        if len(data) < length:
+            raise TimeoutError  # the client closed before sending it all
         try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            raise ValueError("bad Content-Length") from None
-        if not 0 < length <= MAX_BODY:
-            raise ValueError(f"body must be 1 to {MAX_BODY} bytes, got {length}")
-        try:
-            body = json.loads(self.rfile.read(length))
+            body = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"body is not JSON: {e}") from None
+            raise _BadBody(f"body is not JSON: {e}") from None
+        except RecursionError:
+            raise _BadBody("body nests too deep to be a query") from None
         if not isinstance(body, dict):
-            raise ValueError("body must be a JSON object")
+            raise _BadBody(f"body must be a JSON object, got {_kind(body)}")
         return body
 
     def _workers(self) -> list[dict[str, Any]]:
@@ -141,8 +164,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
 
+def _kind(value: Any) -> str:
+    """A JSON value's type, as JSON names it."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+_MEDIA_OUT = release("vllm").media  # medium names as the newest vLLM spells them
+
+
 def event_json(e: Event) -> dict[str, Any]:
-    """An event as a JSON object, with vLLM's field names."""
+    """An event as a JSON object, with the newest vLLM's field and medium names."""
     if isinstance(e, BlockStored):
         return {
             "type": "BlockStored",
@@ -152,14 +184,14 @@ def event_json(e: Event) -> dict[str, Any]:
             "block_size": e.block_size,
             "group_idx": e.group,
             "kv_cache_spec_kind": e.kind,
-            "medium": e.medium,
+            "medium": _MEDIA_OUT.get(e.medium, e.medium),  # type: ignore[arg-type]
         }
     if isinstance(e, BlockRemoved):
         return {
             "type": "BlockRemoved",
             "block_hashes": list(e.block_hashes),
             "group_idx": e.group,
-            "medium": e.medium,
+            "medium": _MEDIA_OUT.get(e.medium, e.medium),  # type: ignore[arg-type]
         }
     assert isinstance(e, AllBlocksCleared)
     return {"type": "AllBlocksCleared"}

@@ -3,8 +3,11 @@
 Per worker: a SUB socket connected to its PUB endpoint (frames `(topic, seq, payload)`),
 and, when given, a DEALER socket to its replay ROUTER. What a worker's `WorkerFeed`
 asks for (a replay from a seq, or a snapshot) is sent there; the answers are offered to
-the feed like live batches, and the end marker closes the request. Every wait is bounded:
-`poll(timeout_s)` returns after at most about `timeout_s`.
+the feed like live batches, and the end marker closes the request. Replies come as
+`(seq, payload)` (vLLM <= 0.25, SGLang <= 0.5.21, after the empty delimiter) or with the
+topic first, `(topic, seq, payload)` (vLLM >= 0.26, SGLang >= 0.5.22); the frame count
+tells them apart, so every release is read whatever `release` says (see `WorkerFeed`).
+Every wait is bounded: `poll(timeout_s)` returns after at most about `timeout_s`.
 
 Answers carry no request id, so a request the feed forgot (it timed out, or the publisher
 restarted) could still be answered later, and its end marker would close the request sent
@@ -22,6 +25,7 @@ from contextlib import AbstractContextManager, nullcontext
 import zmq
 
 from mambaradix.events.publisher import END_SEQ, check_seconds
+from mambaradix.events.releases import AUTO, Release, ingest_release
 from mambaradix.index.feed import WorkerFeed
 from mambaradix.index.indexer import Indexer, check_worker_id
 
@@ -29,7 +33,8 @@ log = logging.getLogger("mambaradix.index")
 
 
 class ZmqSubscriber:
-    """`lock` (optional) is held while the indexer changes, for readers in other threads."""
+    """`lock` (optional) is held while the indexer changes, for readers in other threads.
+    `release`: what the workers run, unless `add` says otherwise ("auto": any)."""
 
     def __init__(
         self,
@@ -37,10 +42,12 @@ class ZmqSubscriber:
         lock: threading.Lock | None = None,
         timeout_s: float = 2.0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        release: str | Release = AUTO,
     ) -> None:
         if not isinstance(indexer, Indexer):
             raise TypeError(f"indexer must be an Indexer, got {type(indexer).__name__}")
         check_seconds("timeout_s", timeout_s, positive=True)
+        self.release = ingest_release(release)
         self.indexer, self.timeout_s = indexer, timeout_s
         self._lock: AbstractContextManager[object] = lock if lock is not None else nullcontext()
         self._ctx = context or zmq.Context.instance()
@@ -51,11 +58,19 @@ class ZmqSubscriber:
         self._replay: dict[int, tuple[zmq.Socket[bytes], str, int]] = {}
         self.bad_frames = 0
 
-    def add(self, worker_id: int, endpoint: str, replay_endpoint: str | None = None) -> None:
-        """Subscribe to a worker's publisher (and its replay socket, if any)."""
+    def add(
+        self,
+        worker_id: int,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        release: str | Release | None = None,
+    ) -> None:
+        """Subscribe to a worker's publisher (and its replay socket, if any); `release`:
+        what it runs (None: the subscriber's `release`)."""
         check_worker_id(worker_id)  # before any socket is made
         if worker_id in self.feeds:
             raise ValueError(f"worker {worker_id} is already subscribed")
+        expect = self.release if release is None else ingest_release(release)
         sockets: list[zmq.Socket[bytes]] = []
         try:  # a bad address fails here, before anything is registered
             sockets.append(self._socket(zmq.SUB, endpoint))
@@ -67,7 +82,9 @@ class ZmqSubscriber:
             raise
         sockets[0].setsockopt(zmq.SUBSCRIBE, b"")
         with self._lock:
-            feed = WorkerFeed(self.indexer, worker_id, timeout_s=self.timeout_s)
+            feed = WorkerFeed(
+                self.indexer, worker_id, timeout_s=self.timeout_s, release=expect or AUTO
+            )
         for sock, is_replay in zip(sockets, (False, True), strict=False):
             self._by_socket[sock] = (feed, is_replay)
             self._poller.register(sock, zmq.POLLIN)
@@ -114,17 +131,29 @@ class ZmqSubscriber:
 
     def _receive(self, sock: zmq.Socket[bytes]) -> int:
         feed, is_replay = self._by_socket[sock]
-        frames = sock.recv_multipart(zmq.NOBLOCK)
-        frames = frames[1:] if is_replay and frames and frames[0] == b"" else frames
-        if is_replay and len(frames) == 2 and frames[0] == END_SEQ:
-            with self._lock:
-                feed.replay_ended(time.monotonic())
-            return 0
-        if len(frames) == 3 and not is_replay:
+        return self._handle(feed, is_replay, sock.recv_multipart(zmq.NOBLOCK))
+
+    def _handle(self, feed: WorkerFeed, is_replay: bool, frames: list[bytes]) -> int:
+        """One message from a worker's SUB (live) or DEALER (replay) socket; returns
+        the batches it carried (0 or 1)."""
+        if is_replay:
+            frames = frames[1:] if frames and frames[0] == b"" else frames
+            topic = len(frames) == 3  # the topic first: vLLM >= 0.26, SGLang >= 0.5.22
+            frames = frames[1:] if topic else frames
+            if len(frames) == 2:
+                with self._lock:
+                    feed.replay_framed(topic)
+        elif len(frames) == 3:
             frames = frames[1:]
         if len(frames) != 2 or len(frames[0]) != 8:
             self.bad_frames += 1
+            with self._lock:
+                feed.counts["bad_frames"] += 1
             log.warning("worker %s: a message of %d frames ignored", feed.worker_id, len(frames))
+            return 0
+        if is_replay and frames[0] == END_SEQ:
+            with self._lock:
+                feed.replay_ended(time.monotonic())
             return 0
         with self._lock:
             feed.offer(int.from_bytes(frames[0], "big"), frames[1], time.monotonic(), not is_replay)
