@@ -88,6 +88,12 @@ def add(p: argparse.ArgumentParser) -> None:
         "rounded up to whole pages)",
     )
     p.add_argument("--rate", type=real(0), default=None, help="requests/s instead of trace times")
+    p.add_argument(
+        "--open-loop",
+        action="store_true",
+        help="release every request at its time, even before its session's previous answer "
+        "(default: closed loop, a turn after the previous answer plus the recorded think time)",
+    )
     p.add_argument("--limit", type=count(1), default=None, help="only the first N requests")
     p.add_argument("--workers", type=count(1), default=None, help="processes (default: cores)")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
@@ -201,6 +207,7 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
         memory_gb=args.memory[0],
         sequential=args.sequential,
         rate=args.rate,
+        open_loop=args.open_loop,
         prefill_flops_per_s=args.prefill_tflops * 1e12,
         tpot_s=args.tpot_ms / 1e3,
         chunk_tokens=args.chunk_tokens,

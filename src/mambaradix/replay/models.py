@@ -73,7 +73,6 @@ __all__ = [
     "PROFILES",
     "QWEN3_NEXT_80B_A3B_CONFIG",
     "ModelProfile",
-    "as_profile",
     "get_profile",
     "load_profile",
     "profile_from_config",
@@ -461,13 +460,3 @@ def load_profile(
         f"unknown model profile {str(model)!r}; known: {known}; or give a config.json "
         "path or a directory holding one"
     )
-
-
-def as_profile(model: object) -> ModelProfile:
-    """`model` if it is a profile; `load_profile(model)` for a name or a path.
-    TypeError for anything else (a name that is neither: KeyError)."""
-    if isinstance(model, ModelProfile):
-        return model
-    if isinstance(model, (str, os.PathLike)):
-        return load_profile(model)
-    raise TypeError(f"profile must be a ModelProfile, a name or a path, got {type(model).__name__}")
