@@ -183,6 +183,7 @@ def test_config_files_that_do_not_read(tmp_path: Path) -> None:
         load_profile("gpt-17")
 
 
+@pytest.mark.slow  # a whole replay with its plot: about 4-10 s
 def test_replay_cli_takes_a_config_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -137,6 +137,7 @@ def test_cluster_turns_never_overlap() -> None:
         assert times[2 * s + 1][0] == pytest.approx(times[2 * s][1] + 0.1)
 
 
+@pytest.mark.slow  # a whole replay with its plot: about 4-10 s
 def test_cli_open_loop_flag(tmp_path: Path) -> None:
     path = tmp_path / "conv.jsonl"
     rows = [
