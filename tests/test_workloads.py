@@ -360,6 +360,7 @@ def test_registry_and_doctest() -> None:
         "synthetic-multi-turn",
         "synthetic-shared-prefix",
         "synthetic-agent",
+        "sample",
     } == BUNDLED
     for name in ("synthetic-multi-turn", "synthetic-shared-prefix", "synthetic-agent"):
         t = load(name)
