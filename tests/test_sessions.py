@@ -155,3 +155,28 @@ def test_cli_open_loop_flag(tmp_path: Path) -> None:
         (result,) = json.loads(out.read_text())["results"]
         got[bool(flag)] = (result["config"]["open_loop"], result["token_hit_rate"])
     assert got[False] == (False, ALL_HIT) and got[True][0] is True and got[True][1] < ALL_HIT
+
+
+@pytest.mark.slow  # loads and tokenizes every bundled workload
+@pytest.mark.parametrize(
+    "name",
+    ["mooncake", "swe-agent", "mt-bench", "chitchat", "synthetic-multi-turn", "synthetic-agent",
+     "sample"],
+)  # fmt: skip
+def test_every_workload_with_sessions_replays_closed_loop(name: str) -> None:
+    from mambaradix.replay.workloads import load
+
+    full = load(name)
+    trace = Trace(full.name, full.requests[:400], full.unit_tokens)
+    later = [(i, j) for j, i in enumerate(previous_turns(trace)) if i >= 0]
+    assert later, "the workload has sessions"
+    if name != "mooncake":  # the loaders record the think time they drew or read
+        assert all(trace.requests[j].think_s is not None for _, j in later)
+    model = served(trace, policy="mambaradix")
+    times = turns(model)
+    for i, j in later:
+        if i in times and j in times:
+            think = trace.requests[j].think_s
+            gap = trace.requests[j].ts - trace.requests[i].ts
+            want = times[i][1] + (think if think is not None else gap)
+            assert times[j][0] == pytest.approx(want), (name, i, j)
