@@ -13,7 +13,7 @@ then one request per line (the Marconi trace layout)::
 `session_id` is an integer or a string, `turn_id` counts a session's turns,
 `ts` is the arrival time in seconds, and the token lists are token ids (any
 tokenizer: equal prefixes must be equal ids): one unit per token
-(`unit_tokens=1`). Version 2 adds two optional fields: ``think_s``, the
+(`unit_tokens=1`). Version 2 adds two optional fields (null reads as absent): ``think_s``, the
 seconds between the previous turn's answer and this turn's arrival, and
 ``duration_s``, the seconds from this request's arrival to its last output
 token as recorded (the next turn's think time is then its arrival gap minus
@@ -62,8 +62,8 @@ def parse_record(f: Fields) -> tuple[TraceRequest, float | None]:
     """One neutral record, and its recorded duration (None when it has none)."""
     inp = f.int_array("input_tokens", nonempty=True)
     out = f.int_array("output_tokens", nonempty=False)
-    think = f.number("think_s") if "think_s" in f.obj else None
-    duration = f.number("duration_s") if "duration_s" in f.obj else None
+    think = f.number("think_s") if f.obj.get("think_s") is not None else None  # null: absent
+    duration = f.number("duration_s") if f.obj.get("duration_s") is not None else None
     req = TraceRequest(
         f.session("session_id"),
         f.integer("turn_id"),
