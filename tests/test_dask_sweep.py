@@ -68,6 +68,7 @@ def test_a_sweep_on_a_local_dask_cluster_equals_a_serial_one(tmp_path: Path) -> 
                     "ts": r.ts,
                     "input_tokens": r.input_units.tolist(),
                     "output_tokens": r.output_units.tolist(),
+                    "think_s": r.think_s,  # closed loop waits it (absent: the arrival gap)
                 }
             )
             + "\n"

@@ -273,7 +273,7 @@ def test_engine_pools_match_the_preset_geometry() -> None:
         ({"n_groups": "8"}, TypeError, "n_groups"),
         ({"conv_kernel": 1}, ValueError, "conv_kernel"),
         ({"hidden_size": True}, TypeError, "hidden_size"),
-        ({"expand": 3}, ValueError, "expand"),
+        ({"mamba_head_dim": 0}, ValueError, "mamba_head_dim"),
         ({"hybrid_override_pattern": "M?"}, ValueError, "hybrid_override_pattern"),
         ({"num_hidden_layers": 51}, ValueError, "num_hidden_layers"),
         ({"torch_dtype": "float7"}, ValueError, "torch_dtype"),

@@ -120,8 +120,14 @@ def test_bundled_mooncake(mooncake: Trace) -> None:
     assert "Apache-2.0" in mooncake.source
     inputs: set[int] = set()
     outputs: list[int] = []
+    turns: dict[tuple[int | str, int], list[int]] = {}
     for i, (r, rec) in enumerate(zip(mooncake.requests, raw, strict=True)):
-        assert (r.session_id, r.turn_id) == (i, 0)
+        prev = turns.get((r.session_id, r.turn_id - 1))
+        if r.turn_id == 0:  # a session's first request names it
+            assert r.session_id == i
+        else:  # an inferred next turn extends its previous prompt's full blocks
+            assert prev is not None and r.input_units.tolist()[: len(prev) - 1] == prev[:-1]
+        turns[r.session_id, r.turn_id] = r.input_units.tolist()
         assert r.ts == rec["timestamp"] / 1000
         assert r.input_units.tolist() == rec["hash_ids"]
         assert r.input_tokens == rec["input_length"]
@@ -137,6 +143,19 @@ def test_bundled_mooncake(mooncake: Trace) -> None:
     ts = [r.ts for r in mooncake.requests]
     assert ts == sorted(ts) and ts[0] >= 0 and 3_500 < ts[-1] < 3_600
     assert 288_000 < sum(len(r.input_units) for r in mooncake.requests) < 289_000
+    assert sum(r.turn_id > 0 for r in mooncake.requests) == 3_305  # module docstring
+
+
+def test_mooncake_without_session_inference(tmp_path: Path) -> None:
+    # two prompts: b extends a's full blocks (1, 2) and a introduced them
+    a = {"timestamp": 0, "input_length": 1500, "output_length": 10, "hash_ids": [1, 2, 3]}
+    b = {"timestamp": 5000, "input_length": 2000, "output_length": 10, "hash_ids": [1, 2, 4, 5]}
+    c = {"timestamp": 6000, "input_length": 1100, "output_length": 10, "hash_ids": [1, 2, 6]}
+    path = write_lines(tmp_path / "mc.jsonl", jl(a, b, c))
+    inferred = [(r.session_id, r.turn_id) for r in load_mooncake(path).requests]
+    assert inferred == [(0, 0), (0, 1), (2, 0)]  # c shares a's prefix, but a has its next turn
+    plain = [(r.session_id, r.turn_id) for r in load_mooncake(path, sessions=False).requests]
+    assert plain == [(0, 0), (1, 0), (2, 0)]
 
 
 def test_tiny_mooncake_file(tmp_path: Path) -> None:
@@ -156,7 +175,8 @@ def test_tiny_mooncake_file(tmp_path: Path) -> None:
     assert [r.output_units.tolist() for r in t.requests] == [[-1], [], [-2, -3, -4]]
     assert [r.input_tokens for r in t.requests] == [1000, 512, 1025]
     assert [r.output_tokens for r in t.requests] == [1, 0, 1025]
-    assert [r.session_id for r in t.requests] == [0, 1, 2]
+    # the third prompt extends the first one's full block (0, first seen there): its next turn
+    assert [(r.session_id, r.turn_id) for r in t.requests] == [(0, 0), (1, 0), (0, 1)]
     assert load_mooncake(p, limit=2).requests[-1].input_units.tolist() == [0]
 
 
@@ -340,6 +360,7 @@ def test_registry_and_doctest() -> None:
         "synthetic-multi-turn",
         "synthetic-shared-prefix",
         "synthetic-agent",
+        "sample",
     } == BUNDLED
     for name in ("synthetic-multi-turn", "synthetic-shared-prefix", "synthetic-agent"):
         t = load(name)
@@ -403,11 +424,19 @@ def test_agent_loop_branches() -> None:
 def test_arrivals() -> None:
     rng = random.Random(0)
     assert start_times(3, 4.0, rng, "uniform") == [0.0, 0.25, 0.5]
-    assert chain_times(1.0, [100, 50, 7], rng, think_time_s=0, decode_tps=50) == [1.0, 3.0, 4.0]
+    chain = chain_times(1.0, [100, 50, 7], rng, think_time_s=0, decode_tps=50)
+    assert chain == ([1.0, 3.0, 4.0], [None, 0.0, 0.0])
+    # the think time drawn is the gap minus the answer's decode time
+    chain = chain_times(0.0, [100, 50], random.Random(3), think_time_s=5, decode_tps=50)
+    assert chain.thinks[1] is not None and chain.times[1] == 100 / 50 + chain.thinks[1]
     with pytest.raises(ValueError):
         start_times(3, 0.0, rng)
     real = real_schedule([[100.0, 110.0, 10_000.0], [200.0], []], window_s=50, max_gap_s=60)
-    assert real == [[0.0, 10.0, 70.0], [50.0], []]
+    assert [c.times for c in real] == [[0.0, 10.0, 70.0], [50.0], []]
+    assert [c.thinks for c in real] == [[None, None, None], [None], []]  # no answer times
+    answered = [[104.0, 150.0, 10_001.0], [201.0], []]
+    real = real_schedule([[100.0, 110.0, 10_000.0]], window_s=50, max_gap_s=60, answered=answered)
+    assert real[0].thinks == [None, 110.0 - 104.0, 60.0]  # the pause after the answer, capped
 
 
 # ---------------------------------------------------------------- text workloads

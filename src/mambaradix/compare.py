@@ -120,6 +120,7 @@ def replay_prediction(
         track_interval=sched.track_interval,
         kv_units=mgr.kv.capacity,
         state_slots=mgr.slots.capacity,
+        open_loop=True,  # the engine submits each round at its time (`ROUND_GAP_S`)
     )
     model = ServingModel(trace, unit, policy, cfg)
     model.run()

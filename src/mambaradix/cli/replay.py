@@ -45,7 +45,18 @@ TRACK_INTERVAL = 256  # SGLang's --mamba-track-interval default (ServingConfig's
 
 def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", default="mooncake", help="bundled name or path to a JSONL trace")
-    p.add_argument("--model", default="nemotron-h-8b", help="model profile name")
+    p.add_argument(
+        "--model",
+        default="nemotron-h-8b",
+        help="built-in model name, or a model's config.json (or a directory holding one)",
+    )
+    p.add_argument(
+        "--state-dtype",
+        default="auto",
+        choices=["auto", "float32", "fp32", "bfloat16", "bf16", "int8"],
+        help="dtype of the cached state checkpoints (default: each engine's own; "
+        "int8 checkpoints change outputs)",
+    )
     p.add_argument("--memory", type=reals(0), default=DEFAULT_MEMORY, help="GB, e.g. 10,20,40")
     p.add_argument(
         "--policy",
@@ -77,6 +88,12 @@ def add(p: argparse.ArgumentParser) -> None:
         "rounded up to whole pages)",
     )
     p.add_argument("--rate", type=real(0), default=None, help="requests/s instead of trace times")
+    p.add_argument(
+        "--open-loop",
+        action="store_true",
+        help="release every request at its time, even before its session's previous answer "
+        "(default: closed loop, a turn after the previous answer plus the recorded think time)",
+    )
     p.add_argument("--limit", type=count(1), default=None, help="only the first N requests")
     p.add_argument("--workers", type=count(1), default=None, help="processes (default: cores)")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
@@ -104,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
         check_sizes(trace, profile, base, policies, args)
         data = run_sweep(args, trace, profile, policies, base, scale)
     data["policies_left_out"] = left_out
+    if args.state_dtype != "auto" and profile.state_dtypes is not None:
+        data["model"]["state_dtype"] = args.state_dtype
+        data["model"]["changes_outputs"] = profile.state_dtypes.changes_outputs
     data["elapsed_s"] = elapsed = time.perf_counter() - start
     print(scale.table(data) if scale.cluster else table_text(data))
     warn_dropped(data, trace, profile, base)
@@ -154,17 +174,14 @@ def run_sweep(
 
 def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, ScaleOut]:
     """Everything that needs no trace: model, policies, option combinations."""
-    from mambaradix.replay.models import get_profile
     from mambaradix.replay.policies import ORACLE, POLICIES
     from mambaradix.replay.serving import ServingConfig
 
     try:
         scale = ScaleOut.from_args(args)
-        profile = get_profile(args.model)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    except KeyError as e:
-        raise UsageError(f"--model: {e.args[0]}") from None
+    profile = resolve_model(args.model, args.state_dtype)
     if args.plot is not None and not plots(scale):
         raise UsageError(
             "--plot has no effect with --instances or --shard (the table and --json have "
@@ -190,6 +207,7 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
         memory_gb=args.memory[0],
         sequential=args.sequential,
         rate=args.rate,
+        open_loop=args.open_loop,
         prefill_flops_per_s=args.prefill_tflops * 1e12,
         tpot_s=args.tpot_ms / 1e3,
         chunk_tokens=args.chunk_tokens,
@@ -197,6 +215,27 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
         track_interval=track,
     )
     return profile, base, scale
+
+
+def resolve_model(model: str, state_dtype: str = "auto") -> ModelProfile:
+    """`--model` (a built-in name, a config.json or a directory holding one) at
+    `--state-dtype`; UsageError naming the option. Warns that int8 states change
+    outputs."""
+    from mambaradix.replay.models import load_profile
+
+    try:
+        profile = load_profile(model, state_dtype)
+    except KeyError as e:
+        raise UsageError(f"--model: {e.args[0]}") from None
+    except (ValueError, TypeError) as e:
+        flag = "--state-dtype" if str(e).startswith("state_dtype") else "--model"
+        raise UsageError(f"{flag}: {e}") from None
+    if profile.state_dtypes is not None and profile.state_dtypes.changes_outputs:
+        warn(
+            f"--state-dtype {state_dtype}: quantized state checkpoints; a hit resumes from an "
+            "approximate state, so outputs differ from an uncached run"
+        )
+    return profile
 
 
 def default_track_interval(page: int) -> int:

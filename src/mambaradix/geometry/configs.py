@@ -16,8 +16,7 @@ TypeError (wrong type), naming the key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
+from mambaradix.geometry.cfgread import Config, cfg_int, cfg_str, cfg_types, check_cfg, geometry
 from mambaradix.geometry.layers import (
     MLP,
     Attention,
@@ -26,7 +25,6 @@ from mambaradix.geometry.layers import (
     Mamba1,
     Mamba2,
     MoE,
-    dtype_bytes,
 )
 from mambaradix.geometry.model import Geometry
 
@@ -43,74 +41,17 @@ __all__ = [
     "qwen3_next",
 ]
 
-Config = Mapping[str, object]
-_MISSING = object()
-_DTYPE_KEYS = ("mamba_ssm_dtype", "mamba_ssm_cache_dtype")
-
-
-def _check_cfg(cfg: object) -> None:
-    """TypeError unless `cfg` is a config dict (a transformers config: ``to_dict()``)."""
-    if not isinstance(cfg, Mapping):
-        raise TypeError(f"cfg must be a config mapping (dict), got {type(cfg).__name__}")
-
-
-def _int(cfg: Config, key: str, default: object = _MISSING, minimum: int = 1) -> int:
-    value = cfg.get(key, default)
-    if value is _MISSING:
-        raise ValueError(f"config key {key!r} is missing")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"config key {key!r} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"config key {key!r} must be >= {minimum}, got {value}")
-    return value
-
-
-def _str(cfg: Config, key: str, default: object = _MISSING) -> str:
-    value = cfg.get(key, default)
-    if value is _MISSING:
-        raise ValueError(f"config key {key!r} is missing")
-    if not isinstance(value, str):
-        raise TypeError(f"config key {key!r} must be a str, got {value!r}")
-    return value
-
-
-def _dtype(cfg: Config, key: str) -> str:
-    value = _str(cfg, key, "bfloat16")
-    dtype_bytes(value, f"config key {key!r}")
-    return value
-
-
-def _geometry(
-    name: str, cfg: Config, architecture: str, layers: Sequence[Layer], source: str
-) -> Geometry:
-    """`layers` with the model-wide fields every builder reads the same way
-    (`architecture` when the config has no ``architectures``)."""
-    chunk_key = "mamba_chunk_size" if "mamba_chunk_size" in cfg else "chunk_size"
-    # transformers >= 4.56 writes ``dtype`` where older configs have ``torch_dtype``
-    dtype_key = "dtype" if "dtype" in cfg and "torch_dtype" not in cfg else "torch_dtype"
-    archs = cfg.get("architectures")
-    if archs is None:  # absent, or transformers' to_dict() of a config without it
-        archs = [architecture]
-    if not isinstance(archs, (list, tuple)) or not archs or not isinstance(archs[0], str):
-        raise ValueError(f"config key 'architectures' must be a non-empty list, got {archs!r}")
-    return Geometry(
-        name=name,
-        architecture=archs[0],
-        hidden=_int(cfg, "hidden_size"),
-        layers=tuple(layers),
-        dtype=_dtype(cfg, dtype_key),
-        dtype_settings=tuple((k, _str(cfg, k)) for k in _DTYPE_KEYS if k in cfg),
-        mamba_chunk_size=_int(cfg, chunk_key) if chunk_key in cfg else None,
-        source=source,
-    )
+_int, _str, _geometry, _check_cfg = cfg_int, cfg_str, geometry, check_cfg
 
 
 def nemotron_h(name: str, cfg: Config, source: str = "") -> Geometry:
     """NemotronH: one block per layer, ``M`` Mamba2, ``*`` attention, ``-`` MLP
-    (relu2, not gated), ``E`` MoE; from ``hybrid_override_pattern`` or the
-    transformers ``layers_block_type`` list."""
+    (relu2, not gated), ``E`` MoE (relu2 experts, a shared expert, an optional
+    latent width); from ``hybrid_override_pattern`` or the transformers
+    ``layers_block_type`` list. The Mamba2 width is ``mamba_num_heads *
+    mamba_head_dim``, as transformers and vLLM build it (``expand`` is not read:
+    Nemotron-Nano-9B-v2's 2 * 4480 is not its 128 * 80)."""
     _check_cfg(cfg)
-    hidden = _int(cfg, "hidden_size")
     kinds = _nemotron_pattern(cfg)
     head_dim = _int(cfg, "attention_head_dim" if "attention_head_dim" in cfg else "head_dim")
     attn = Attention(_int(cfg, "num_attention_heads"), _int(cfg, "num_key_value_heads"), head_dim)
@@ -121,11 +62,6 @@ def nemotron_h(name: str, cfg: Config, source: str = "") -> Geometry:
         n_groups=_int(cfg, "n_groups"),
         conv_kernel=_int(cfg, "conv_kernel", minimum=2),
     )
-    if "expand" in cfg and _int(cfg, "expand") * hidden != mamba.d_inner:
-        raise ValueError(
-            f"config key 'expand': expand*hidden_size ({_int(cfg, 'expand') * hidden}) must "
-            f"equal mamba_num_heads*mamba_head_dim ({mamba.d_inner})"
-        )
     blocks: dict[str, Layer] = {"M": mamba, "*": attn}
     if "-" in kinds:
         blocks["-"] = MLP(_int(cfg, "intermediate_size"), gated=False)
@@ -134,6 +70,9 @@ def nemotron_h(name: str, cfg: Config, source: str = "") -> Geometry:
             experts=_int(cfg, "n_routed_experts"),
             top_k=_int(cfg, "num_experts_per_tok"),
             intermediate=_int(cfg, "moe_intermediate_size"),
+            shared_intermediate=_int(cfg, "moe_shared_expert_intermediate_size", 0, minimum=0),
+            gated=False,
+            latent=_int(cfg, "moe_latent_size", 0, minimum=0),
         )
     layers = tuple(blocks[k] for k in kinds)
     return _geometry(name, cfg, "NemotronHForCausalLM", layers, source)
@@ -143,15 +82,8 @@ def _nemotron_pattern(cfg: Config) -> str:
     # transformers 5 names the mixers linear_attention / full_attention
     names = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
     names |= {"linear_attention": "M", "full_attention": "*"}
-    if "layers_block_type" in cfg:
-        types = cfg["layers_block_type"]
-        if not isinstance(types, (list, tuple)) or any(
-            not isinstance(t, str) or t not in names for t in types
-        ):
-            raise ValueError(
-                f"config key 'layers_block_type' must list {sorted(names)}, got {types!r}"
-            )
-        pattern = "".join(names[t] for t in types)
+    if cfg.get("layers_block_type") is not None:
+        pattern = cfg_types(cfg, ["layers_block_type"], names, None)
     else:
         pattern = _str(cfg, "hybrid_override_pattern")
         if set(pattern) - set(names.values()):
@@ -175,7 +107,7 @@ def qwen3_next(name: str, cfg: Config, source: str = "") -> Geometry:
     and i not in ``mlp_only_layers``; else a SwiGLU MLP)."""
     _check_cfg(cfg)
     n = _int(cfg, "num_hidden_layers")
-    attn_at = _qwen_attention_layers(cfg, n)
+    attn_at = qwen_attention_layers(cfg, n)
     attn = Attention(
         _int(cfg, "num_attention_heads"),
         _int(cfg, "num_key_value_heads"),
@@ -193,29 +125,24 @@ def qwen3_next(name: str, cfg: Config, source: str = "") -> Geometry:
     layers: list[Layer] = []
     for i in range(n):
         layers.append(attn if i in attn_at else gdn)
-        layers.append(_qwen_moe(cfg) if i in moe_at else MLP(_int(cfg, "intermediate_size"), True))
+        layers.append(qwen_moe(cfg) if i in moe_at else MLP(_int(cfg, "intermediate_size"), True))
     return _geometry(name, cfg, "Qwen3NextForCausalLM", layers, source)
 
 
-def _qwen_attention_layers(cfg: Config, n: int) -> set[int]:
-    """From ``full_attention_interval``, or transformers 5's ``layer_types`` list."""
-    if "full_attention_interval" in cfg or "layer_types" not in cfg:
+def qwen_attention_layers(cfg: Config, n: int) -> set[int]:
+    """Layers (of `n`) with full attention: transformers 5's ``layer_types``
+    list when the config has one, else every ``full_attention_interval``-th."""
+    if cfg.get("layer_types") is None:
         interval = _int(cfg, "full_attention_interval")
         return {i for i in range(n) if (i + 1) % interval == 0}
-    types = cfg["layer_types"]
-    kinds = ("full_attention", "linear_attention")
-    if (
-        not isinstance(types, (list, tuple))
-        or len(types) != n
-        or not all(t in kinds for t in types)
-    ):
-        raise ValueError(f"config key 'layer_types' must list {n} of {kinds}, got {types!r}")
-    return {i for i, t in enumerate(types) if t == "full_attention"}
+    names = {"full_attention": "*", "linear_attention": "L"}
+    kinds = cfg_types(cfg, ["layer_types"], names, n)
+    return {i for i, k in enumerate(kinds) if k == "*"}
 
 
 def _qwen_moe_layers(cfg: Config, n: int) -> set[int]:
     step = _int(cfg, "decoder_sparse_step", 1)
-    dense = cfg.get("mlp_only_layers", [])
+    dense = cfg.get("mlp_only_layers") or []
     if not isinstance(dense, (list, tuple)) or not all(isinstance(i, int) for i in dense):
         raise TypeError(f"config key 'mlp_only_layers' must be a list of ints, got {dense!r}")
     if _int(cfg, "num_experts", 0, minimum=0) == 0:
@@ -223,7 +150,8 @@ def _qwen_moe_layers(cfg: Config, n: int) -> set[int]:
     return {i for i in range(n) if (i + 1) % step == 0 and i not in dense}
 
 
-def _qwen_moe(cfg: Config) -> MoE:
+def qwen_moe(cfg: Config) -> MoE:
+    """Qwen's MoE block: routed SwiGLU experts and a sigmoid-gated shared expert."""
     shared = _int(cfg, "shared_expert_intermediate_size", 0, minimum=0)
     return MoE(
         experts=_int(cfg, "num_experts"),

@@ -43,10 +43,9 @@ from dataclasses import dataclass
 
 from mambaradix.geometry.layers import (
     MLP,
+    RECURRENT_TYPES,
     Attention,
-    GatedDeltaNet,
     Layer,
-    Mamba1,
     Mamba2,
     Recurrent,
     conv_shape,
@@ -56,7 +55,10 @@ from mambaradix.geometry.layers import (
 from mambaradix.geometry.model import Geometry, check_geometry
 
 __all__ = [
+    "STATE_DTYPES",
     "Figures",
+    "check_state_dtype",
+    "checkpoint_dtypes",
     "check_dtypes",
     "LayerCost",
     "StateDtypes",
@@ -88,6 +90,41 @@ class StateDtypes:
         dtype_bytes(self.ssm, "StateDtypes.ssm")
         if not isinstance(self.conv_keeps_kernel, bool):
             raise TypeError("StateDtypes.conv_keeps_kernel must be a bool")
+
+    @property
+    def changes_outputs(self) -> bool:
+        """Quantized (int8) checkpoints: a hit resumes from an approximate state,
+        so the cached run's outputs differ from an uncached run's."""
+        return "int8" in (self.conv, self.ssm)
+
+
+STATE_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+STATE_DTYPES |= {"int8": "int8"}
+"""``--state-dtype`` spellings -> the dtype checkpoints are stored in ("auto": each
+engine's own rule, see `sglang_state_dtypes` and `vllm.vllm_state_dtypes`)."""
+
+
+def check_state_dtype(choice: object) -> str:
+    """`choice` if it is "auto" or a key of `STATE_DTYPES`; ValueError naming
+    ``state_dtype`` otherwise."""
+    if choice != "auto" and (not isinstance(choice, str) or choice not in STATE_DTYPES):
+        known = ", ".join(["auto", *STATE_DTYPES])
+        raise ValueError(f"state_dtype must be one of {known}, got {choice!r}")
+    return str(choice)
+
+
+def checkpoint_dtypes(choice: object, base: StateDtypes) -> StateDtypes:
+    """`base` (an engine's rule) with conv and SSM states both stored as `choice`
+    (a key of `STATE_DTYPES`, or "auto" for `base` itself); ValueError naming
+    ``state_dtype`` otherwise."""
+    check_dtypes(base, "base")
+    name = check_state_dtype(choice)
+    if name == "auto":
+        return base
+    dtype = STATE_DTYPES[name]
+    lossy = "; quantized: changes outputs" if dtype == "int8" else ""
+    rule = f"checkpoints stored as {dtype} (conv and ssm; --state-dtype {name}){lossy}"
+    return StateDtypes(dtype, dtype, rule, base.conv_keeps_kernel)
 
 
 def check_dtypes(value: object, name: str = "dtypes") -> StateDtypes:
@@ -154,14 +191,17 @@ def layer_cost(layer: Layer, geom: Geometry, dtypes: StateDtypes) -> LayerCost:
                 ("flops_per_pair", "4*H*dh (QK^T + AV)"),
             ),
         )
-    if isinstance(layer, (Mamba2, Mamba1, GatedDeltaNet)):
+    if isinstance(layer, RECURRENT_TYPES):
         return _recurrent_cost(layer, h, dtypes)
     if isinstance(layer, MLP):
         k = 3 if layer.gated else 2
         return LayerCost(
             0, 0, 2 * layer.params(h), 0, (("linear_flops_per_token", f"2*{k}*hidden*ffn"),)
         )
-    formula = "2*(hidden*experts + top_k*3*hidden*ffn + 3*hidden*shared_ffn [+ hidden gate])"
+    formula = (
+        "2*(hidden*experts + top_k*k*width*ffn [+ 2*hidden*latent] + k*hidden*shared_ffn "
+        "[+ hidden gate]), k = 3 (SwiGLU) or 2"
+    )
     return LayerCost(0, 0, 2 * layer.active_params(h), 0, (("linear_flops_per_token", formula),))
 
 
@@ -172,7 +212,7 @@ def _recurrent_cost(layer: Recurrent, hidden: int, dtypes: StateDtypes) -> Layer
     state = dim * width * conv_b + elems * ssm_b
     scan = layer.scan_flops_per_state_elem
     flops = 2 * layer.params(hidden) + 2 * layer.conv_kernel * dim + scan * elems
-    shape = "x".join(str(d) for d in layer.ssm_shape)
+    shape = "x".join(str(d) for d in layer.ssm_shape) or "none"
     return LayerCost(
         0,
         state,

@@ -5,7 +5,7 @@ sublayer as the published configs count them: a token mixer (attention or a
 recurrent layer) or a feed-forward block (dense MLP or MoE). A Nemotron-H
 layer is one block; a Qwen3-Next or Jamba decoder layer is two (mixer, FFN).
 
-Recurrent layers keep a conv state of ``conv_kernel - 1`` inputs over
+Recurrent layers (`RECURRENT_TYPES`) keep a conv state of ``conv_kernel - 1`` inputs over
 ``conv_dim`` channels and an SSM ("temporal") state of ``ssm_shape``;
 their dtypes are not a property of the layer but of the engine that stores
 them (see `derive.StateDtypes`).
@@ -26,7 +26,9 @@ __all__ = [
     "Mamba1",
     "Mamba2",
     "MoE",
+    "RECURRENT_TYPES",
     "Recurrent",
+    "ShortConv",
     "conv_shape",
     "dtype_bytes",
     "ssm_elems",
@@ -39,8 +41,11 @@ DTYPE_BYTES: dict[str, int] = {
     "bfloat16": 2,
     "float8_e4m3fn": 1,
     "float8_e5m2": 1,
+    "int8": 1,
 }
-"""Bytes per element of the dtype names (torch spelling) a geometry may use."""
+"""Bytes per element of the dtype names (torch spelling) a geometry may use.
+
+``int8`` is for quantized state checkpoints only (per-tensor scales not counted)."""
 
 
 def dtype_bytes(dtype: object, name: str = "dtype") -> int:
@@ -76,16 +81,20 @@ class Attention:
 
     ``gated_query``: q_proj also emits an output gate of the same width
     (Qwen3-Next's gated attention), doubling the query projection.
+    ``in_dim``: width of the q/k/v projections' input when it is not the
+    model's hidden size (Zamba2's shared block reads the hidden state
+    concatenated with the embeddings: 2 * hidden); 0 means hidden.
     """
 
     heads: int
     kv_heads: int
     head_dim: int
     gated_query: bool = False
+    in_dim: int = 0
     kind: ClassVar[str] = "attention"
 
     def __post_init__(self) -> None:
-        _check_dims(self, {})
+        _check_dims(self, {"in_dim": 0})
         if self.heads % self.kv_heads:
             raise ValueError(
                 f"Attention.heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
@@ -99,7 +108,8 @@ class Attention:
     def params(self, hidden: int) -> int:
         """q (+ gate), k, v and o projection weights."""
         q_out = self.heads * self.head_dim * (2 if self.gated_query else 1)
-        return hidden * (q_out + 2 * self.kv_heads * self.head_dim) + (
+        width = self.in_dim or hidden
+        return width * (q_out + 2 * self.kv_heads * self.head_dim) + (
             self.heads * self.head_dim * hidden
         )
 
@@ -220,6 +230,33 @@ class GatedDeltaNet:
 
 
 @dataclass(frozen=True)
+class ShortConv:
+    """LFM2's gated short convolution: in_proj to B, C and x (3 * channels), a
+    depthwise causal conv of ``conv_kernel`` taps over ``channels``, out_proj.
+    Its only state is the conv state: no SSM state, no scan."""
+
+    channels: int
+    conv_kernel: int
+    kind: ClassVar[str] = "short_conv"
+    scan_flops_per_state_elem: ClassVar[int] = 0
+
+    def __post_init__(self) -> None:
+        _check_dims(self, {"conv_kernel": 2})
+
+    @property
+    def conv_dim(self) -> int:
+        return self.channels
+
+    @property
+    def ssm_shape(self) -> tuple[int, ...]:
+        return ()
+
+    def params(self, hidden: int) -> int:
+        """in_proj (B, C, x) and out_proj weights."""
+        return hidden * 3 * self.channels + self.channels * hidden
+
+
+@dataclass(frozen=True)
 class MLP:
     """Dense feed-forward: up + down (``gated``: SwiGLU gate + up + down)."""
 
@@ -236,35 +273,47 @@ class MLP:
 
 @dataclass(frozen=True)
 class MoE:
-    """Mixture of SwiGLU experts: router, ``top_k`` routed experts per token and
-    an optional shared expert (``shared_intermediate`` > 0) with a sigmoid gate."""
+    """Mixture of experts: router, ``top_k`` routed experts per token and an
+    optional shared expert (``shared_intermediate`` > 0) with an optional
+    sigmoid gate. Experts are SwiGLU (gate, up, down) unless ``gated`` is
+    False (up, down: Nemotron-H's relu2 experts). ``latent`` > 0: the routed
+    experts work in a latent width, reached by a down and an up projection
+    of the hidden state (Nemotron-H's ``moe_latent_size``)."""
 
     experts: int
     top_k: int
     intermediate: int
     shared_intermediate: int = 0
     shared_gate: bool = False
+    gated: bool = True
+    latent: int = 0
     kind: ClassVar[str] = "moe"
 
     def __post_init__(self) -> None:
-        _check_dims(self, {"shared_intermediate": 0})
+        _check_dims(self, {"shared_intermediate": 0, "latent": 0})
         if self.top_k > self.experts:
             raise ValueError(f"MoE.top_k ({self.top_k}) must be <= experts ({self.experts})")
         if self.shared_gate and not self.shared_intermediate:
             raise ValueError("MoE.shared_gate needs a shared expert (shared_intermediate > 0)")
 
     def active_params(self, hidden: int) -> int:
-        """Weights one token touches: router, its experts, the shared expert and gate."""
+        """Weights one token touches: router, its experts (and latent
+        projections), the shared expert and gate."""
+        mats = 3 if self.gated else 2
+        width = self.latent or hidden
         return (
             hidden * self.experts
-            + self.top_k * 3 * hidden * self.intermediate
-            + 3 * hidden * self.shared_intermediate
+            + self.top_k * mats * width * self.intermediate
+            + 2 * hidden * self.latent
+            + mats * hidden * self.shared_intermediate
             + (hidden if self.shared_gate else 0)
         )
 
 
-Recurrent = Mamba2 | Mamba1 | GatedDeltaNet
-Layer = Attention | Mamba2 | Mamba1 | GatedDeltaNet | MLP | MoE
+Recurrent = Mamba2 | Mamba1 | GatedDeltaNet | ShortConv
+Layer = Attention | Mamba2 | Mamba1 | GatedDeltaNet | ShortConv | MLP | MoE
+RECURRENT_TYPES = (Mamba2, Mamba1, GatedDeltaNet, ShortConv)
+"""The layer kinds that keep a recurrent state (what a state checkpoint holds)."""
 
 
 def conv_shape(layer: Recurrent) -> tuple[int, int]:
@@ -273,4 +322,6 @@ def conv_shape(layer: Recurrent) -> tuple[int, int]:
 
 
 def ssm_elems(layer: Recurrent) -> int:
-    return math.prod(layer.ssm_shape)
+    """Elements of the SSM state (0 for a layer without one: `ShortConv`)."""
+    shape = layer.ssm_shape
+    return math.prod(shape) if shape else 0

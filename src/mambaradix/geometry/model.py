@@ -7,11 +7,9 @@ from dataclasses import dataclass
 
 from mambaradix.geometry.layers import (
     MLP,
+    RECURRENT_TYPES,
     Attention,
-    GatedDeltaNet,
     Layer,
-    Mamba1,
-    Mamba2,
     MoE,
     Recurrent,
     dtype_bytes,
@@ -23,7 +21,7 @@ ACCOUNTINGS = ("standard", "marconi")
 """``standard``: the formulas documented in `derive`; ``marconi``: Marconi's
 released simulator formulas applied to the same layers (see `derive`)."""
 
-_LAYER_TYPES = (Attention, Mamba2, Mamba1, GatedDeltaNet, MLP, MoE)
+_LAYER_TYPES = (Attention, *RECURRENT_TYPES, MLP, MoE)
 
 
 @dataclass(frozen=True)
@@ -88,7 +86,7 @@ class Geometry:
 
     @property
     def recurrent(self) -> tuple[Recurrent, ...]:
-        return tuple(x for x in self.layers if isinstance(x, (Mamba2, Mamba1, GatedDeltaNet)))
+        return tuple(x for x in self.layers if isinstance(x, RECURRENT_TYPES))
 
     def setting(self, key: str) -> str | None:
         """The config's value for a state-dtype key, or None if it has none."""

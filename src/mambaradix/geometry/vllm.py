@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from math import lcm
 
 from mambaradix.geometry.derive import StateDtypes, check_dtypes, uniform_cost
-from mambaradix.geometry.layers import Attention, GatedDeltaNet, Mamba1, Mamba2
+from mambaradix.geometry.layers import RECURRENT_TYPES, Attention, GatedDeltaNet
 from mambaradix.geometry.model import Geometry, check_geometry
 
 __all__ = [
@@ -163,7 +163,7 @@ def vllm_block(
     check_geometry(geom)
     dt = check_dtypes(dtypes) if dtypes is not None else vllm_state_dtypes(geom)
     attn = uniform_cost(geom, Attention, dt).kv_bytes_per_token
-    mamba = uniform_cost(geom, (Mamba2, Mamba1, GatedDeltaNet), dt).state_bytes
+    mamba = uniform_cost(geom, RECURRENT_TYPES, dt).state_bytes
     align = kernel_alignment
     rec = geom.recurrent
     if gdn_checkpoint_alignment and all(isinstance(x, GatedDeltaNet) for x in rec):

@@ -26,6 +26,7 @@ def check_serving_config(cfg: ServingConfig) -> None:
     if cfg.rate is not None:
         as_real(cfg.rate, "rate", low=0, low_open=True)
     as_bool(cfg.sequential, "sequential")
+    as_bool(cfg.open_loop, "open_loop")
     if cfg.track_interval % cfg.page_size:
         raise ValueError(
             f"track_interval ({cfg.track_interval}) must be a multiple of page_size "

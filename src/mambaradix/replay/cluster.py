@@ -60,6 +60,7 @@ from mambaradix.replay.policies import Marconi, make_policy
 from mambaradix.replay.routers import Load, Route, Router, make_router
 from mambaradix.replay.run import attach_tuner, summarize
 from mambaradix.replay.serving import ServingConfig, ServingModel
+from mambaradix.replay.sessions import Releases
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.scheduler import DECODE
 
@@ -113,11 +114,17 @@ class Instance:
             return t <= clock.now
         return self.model.wakes_for(t) or t <= clock.now
 
-    def advance_to(self, t: float) -> None:
+    def advance_to(self, t: float, arrivals: Releases | None = None) -> None:
+        """Step until it would act on an arrival at t; stop early when a step
+        releases an earlier arrival (a closed-loop turn whose previous answer
+        it finished), which is then routed first."""
         while not self.ready(t):
             if self.model.scheduler.busy:
                 self.step()
             self.waking = False
+            nxt = arrivals.peek() if arrivals is not None else None
+            if nxt is not None and nxt[0] < t:
+                return
 
     def accept(self, i: int, t: float) -> None:
         model = self.model
@@ -199,15 +206,36 @@ class Cluster:
 
     def run(self) -> None:
         reqs = self.trace.requests
-        for i, t in enumerate(self.models[0].arrival_times()):
+        arrivals = self.models[0].releases()  # shared: a turn may go to another instance
+        for model in self.models:
+            model.on_done = arrivals.done
+        while arrivals.pending:
+            nxt = arrivals.peek()
+            if nxt is None:
+                self._finish_one(arrivals)
+                continue
+            t, i = nxt
             for node in self.nodes:
-                node.advance_to(t)
+                node.advance_to(t, arrivals)
+            if arrivals.peek() != nxt:  # an earlier turn was released meanwhile
+                continue
+            arrivals.pop()
             self.now = t
             route = self.router.route(reqs[i], self)
             self.routes[i] = route
             self.nodes[route.instance].accept(i, t)
         for node in self.nodes:
             node.drain()
+
+    def _finish_one(self, arrivals: Releases) -> None:
+        """Every known arrival is routed and turns still wait for answers: step
+        the instance whose clock is earliest until one is released."""
+        busy = [node for node in self.nodes if node.model.scheduler.busy]
+        if not busy:
+            raise RuntimeError(f"{arrivals.held} turns wait for requests that never ended")
+        min(busy, key=lambda node: node.model.clock.now).step()
+        for node in busy:
+            node.waking = False
 
     # ----------------------------------------------------- what the router sees
 

@@ -35,8 +35,11 @@ State dtypes
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from mambaradix.geometry import (
     PRESETS as ENGINE_PRESETS,
@@ -58,8 +61,10 @@ from mambaradix.geometry.configs import (
     NEMOTRON_H_8B_CONFIG,
     QWEN3_NEXT_80B_A3B_CONFIG,
 )
-from mambaradix.geometry.derive import check_dtypes
+from mambaradix.geometry.derive import check_dtypes, check_state_dtype, checkpoint_dtypes
+from mambaradix.geometry.hf import from_config, load_geometry
 from mambaradix.geometry.model import check_geometry
+from mambaradix.geometry.vllm import vllm_state_dtypes
 
 __all__ = [
     "JAMBA_15_MINI_CONFIG",
@@ -69,6 +74,8 @@ __all__ = [
     "QWEN3_NEXT_80B_A3B_CONFIG",
     "ModelProfile",
     "get_profile",
+    "load_profile",
+    "profile_from_config",
     "profile_from_geometry",
 ]
 
@@ -272,17 +279,23 @@ def _derivation(geom: Geometry, dtypes: StateDtypes, vb: VllmBlock) -> Derivatio
 
 
 def profile_from_geometry(
-    geom: Geometry, state_dtypes: StateDtypes | None = None, notes: str = ""
+    geom: Geometry,
+    state_dtypes: StateDtypes | None = None,
+    notes: str = "",
+    vllm_dtypes: StateDtypes | None = None,
 ) -> ModelProfile:
-    """The profile of `geom`, states counted at `state_dtypes` (SGLang's by default)."""
+    """The profile of `geom`, states counted at `state_dtypes` (SGLang's by
+    default) and in vLLM's block at `vllm_dtypes` (vLLM's own rule by default)."""
     check_geometry(geom)
     dtypes = (
         check_dtypes(state_dtypes, "state_dtypes")
         if state_dtypes is not None
         else sglang_state_dtypes(geom)
     )
+    if vllm_dtypes is not None:
+        check_dtypes(vllm_dtypes, "vllm_dtypes")
     figs = figures(geom, dtypes)
-    vb = vllm_block(geom)
+    vb = vllm_block(geom, dtypes=vllm_dtypes)
     return ModelProfile(
         name=geom.name,
         source=f"{geom.source} State dtypes: {dtypes.rule}; {vb.dtypes.rule}.",
@@ -385,3 +398,65 @@ def get_profile(name: str) -> ModelProfile:
     except (KeyError, TypeError):
         known = ", ".join(sorted(PROFILES))
         raise KeyError(f"unknown model profile {name!r}; known: {known}") from None
+
+
+# ---------------------------------------------------------------------------
+# By name, from a config, or with other state dtypes
+# ---------------------------------------------------------------------------
+
+
+def _with_state_dtype(profile: ModelProfile, state_dtype: str) -> ModelProfile:
+    """`profile` with checkpoints stored as `state_dtype` (`geometry.checkpoint_dtypes`),
+    in SGLang's count and in vLLM's block alike."""
+    geom = profile.geometry
+    if check_state_dtype(state_dtype) == "auto":
+        return profile
+    if geom is None or profile.state_dtypes is None or geom.accounting == "marconi":
+        raise ValueError(
+            f"state_dtype: {profile.name} has a fixed accounting (no per-layer state dtypes)"
+        )
+    dtypes = checkpoint_dtypes(state_dtype, profile.state_dtypes)
+    vllm = checkpoint_dtypes(state_dtype, profile.vllm_state_dtypes or vllm_state_dtypes(geom))
+    notes = profile.notes
+    if dtypes.changes_outputs:
+        notes = f"{notes} int8 state checkpoints: a hit changes outputs.".strip()
+    return profile_from_geometry(geom, dtypes, notes, vllm)
+
+
+def profile_from_config(
+    cfg: Mapping[str, object] | str | os.PathLike[str],
+    *,
+    name: str | None = None,
+    state_dtype: str = "auto",
+) -> ModelProfile:
+    """The profile of a Hugging Face config: a dict (``config.json`` contents or
+    ``transformers.<Family>Config(...).to_dict()``), a ``config.json`` path or a
+    directory holding one (`geometry.hf`). States as SGLang and vLLM store
+    them, or all at `state_dtype` (``float32``, ``bfloat16``, ``int8``; int8
+    checkpoints change outputs). ValueError / TypeError naming the key otherwise."""
+    if isinstance(cfg, Mapping):
+        geom = from_config(cfg, name)
+    elif isinstance(cfg, (str, os.PathLike)):
+        geom = load_geometry(cfg, name)
+    else:
+        raise TypeError(f"cfg must be a config dict or a path, got {type(cfg).__name__}")
+    return _with_state_dtype(profile_from_geometry(geom, notes="from its config"), state_dtype)
+
+
+def load_profile(
+    model: str | os.PathLike[str] | ModelProfile, state_dtype: str = "auto"
+) -> ModelProfile:
+    """A built-in profile by name (`PROFILES`), or `profile_from_config` of a
+    ``config.json`` path or a directory holding one; `state_dtype` as there.
+    KeyError listing the names when `model` is neither a name nor a path."""
+    if isinstance(model, ModelProfile):
+        return _with_state_dtype(model, state_dtype)
+    if isinstance(model, str) and model in PROFILES:
+        return _with_state_dtype(PROFILES[model], state_dtype)
+    if isinstance(model, (str, os.PathLike)) and Path(model).exists():
+        return profile_from_config(model, state_dtype=state_dtype)
+    known = ", ".join(sorted(PROFILES))
+    raise KeyError(
+        f"unknown model profile {str(model)!r}; known: {known}; or give a config.json "
+        "path or a directory holding one"
+    )

@@ -96,7 +96,8 @@ def _window_flops(
     from an empty cache of the same size) and report the FLOPs saved."""
     window = model.admitted[-MARCONI_TUNING_WINDOW:]
     sub = Trace(model.trace.name, list(window), model.trace.unit_tokens)
-    s = ServingModel(sub, profile, Marconi(alpha=alpha), replace(cfg, sequential=True))
+    one_by_one = replace(cfg, sequential=True, open_loop=True)  # the window in arrival order
+    s = ServingModel(sub, profile, Marconi(alpha=alpha), one_by_one)
     s.run()
     return sum(o.flops_saved for o in s.outcomes)
 

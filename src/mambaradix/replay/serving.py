@@ -1,6 +1,8 @@
 """The serving model in virtual time: a trace through the scheduler.
 
-Requests arrive at their trace timestamps (or at a chosen rate) and are served
+Requests arrive at their trace timestamps (or at a chosen rate), a session's
+later turns no earlier than its previous answer plus the recorded think time
+(closed loop, `sessions`; ``open_loop`` releases each at its time), and are served
 by the same driver the engine runs (`mambaradix.scheduler.Scheduler`): SGLang's
 continuous batching with prefill priority, chunked prefill, admission budgets,
 retraction, on the core tree and the request lifecycle. Only the forward is
@@ -22,6 +24,7 @@ a time, each prefilled, decoded and finished before the next starts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mambaradix.core.tree import MambaRadixCache
@@ -31,8 +34,10 @@ from mambaradix.replay.checks import check_serving_config
 from mambaradix.replay.memory import NullStatePool, exact_pools, shared_pools, split_pools
 from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.policies import Policy, PolicyContext
+from mambaradix.replay.sessions import Releases
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.scheduler import (
+    DECODE,
     STALLED,
     DecodeStep,
     Extend,
@@ -52,7 +57,9 @@ class ServingConfig:
     the accelerator. chunk_tokens, max_running, page_size, track_interval:
     SGLang's --chunked-prefill-size, --max-running-requests, --page-size,
     --mamba-track-interval. rate: requests/s instead of trace times.
-    sequential: Marconi's discipline (see the module docstring)."""
+    sequential: Marconi's discipline (see the module docstring). open_loop:
+    every request at its time, not after its session's previous answer
+    (`replay.sessions`)."""
 
     memory_gb: float
     state_fraction: float = 0.9 / 1.9
@@ -66,6 +73,7 @@ class ServingConfig:
     track_interval: int = 256
     kv_units: int | None = None  # exact pool sizes instead of the memory split
     state_slots: int | None = None
+    open_loop: bool = False
 
     def __post_init__(self) -> None:
         check_serving_config(self)
@@ -98,6 +106,8 @@ class Outcome:
     kv_hit_tokens: int = 0
     retractions: int = 0
     cached_units: int = 0  # raw, of the admission that completed (may cover outputs)
+    arrival_s: float = 0.0  # when it reached the server (closed loop: after its previous turn)
+    done_s: float = 0.0  # when its last token was out
 
 
 class Units:
@@ -202,8 +212,13 @@ class ServingModel:
     admitted: list[TraceRequest] = field(default_factory=list)
     peak_kv: int = 0
     peak_states: int = 0
+    on_done: Callable[[int, float], None] | None = None
+    """Called with (request index, virtual time) when a request's answer is done
+    or it is dropped: the driver's `Releases.done`."""
 
     def __post_init__(self) -> None:
+        # requests done (with their outcome) or dropped (None) in the step in flight
+        self._ended: list[tuple[int, Outcome | None]] = []
         self.units = Units(self.trace)
         self.kv_unit_bytes = self.profile.kv_bytes_per_token * self.units.unit
         self.state_bytes = self.policy.state_bytes(self.profile)
@@ -217,6 +232,7 @@ class ServingModel:
             self._scheduler_config(),
             self.clock,
             on_finish=self._record,
+            on_abort=self._aborted,
         )
         self.policy.attach(self._context())
 
@@ -286,17 +302,24 @@ class ServingModel:
             return [r.ts for r in reqs]
         return [i / self.cfg.rate for i in range(len(reqs))]
 
+    def releases(self) -> Releases:
+        """The trace's arrivals, open or closed loop (`ServingConfig.open_loop`)."""
+        return Releases(self.trace, self.arrival_times(), not self.cfg.open_loop)
+
     def run(self) -> None:
-        reqs, times = self.trace.requests, self.arrival_times()
-        i = 0
-        while i < len(reqs) or self.scheduler.busy:
-            if i < len(reqs) and self.wakes_for(times[i]):
-                self.clock.wait_for(times[i])
-            while i < len(reqs) and times[i] <= self.clock.now:
-                self.submit(i, times[i])
-                i += 1
+        arrivals = self.releases()
+        self.on_done = arrivals.done
+        while arrivals.pending or self.scheduler.busy:
+            nxt = arrivals.peek()
+            if nxt is not None and self.wakes_for(nxt[0]):
+                self.clock.wait_for(nxt[0])
+            while nxt is not None and nxt[0] <= self.clock.now:
+                self.submit(nxt[1], arrivals.pop()[0])
+                nxt = arrivals.peek()
             if self.scheduler.busy:
                 self.step()
+            elif nxt is None:  # turns held for answers that can no longer come
+                raise RuntimeError(f"{arrivals.held} turns wait for requests that never ended")
         self.settle()
 
     # The pieces of `run()`, also driven one by one by the multi-instance replay.
@@ -315,15 +338,27 @@ class ServingModel:
         kind = self.scheduler.step()
         if kind == STALLED:
             self._drop(self.scheduler.waiting[0])
+        if self._ended:
+            self._report_ends(self.clock.decode_until if kind == DECODE else self.clock.now)
         self._track_peaks()
         return kind
 
+    def _report_ends(self, at: float) -> None:
+        ended, self._ended = self._ended, []
+        for i, outcome in ended:
+            if outcome is not None:
+                outcome.done_s = at
+            if self.on_done is not None:
+                self.on_done(i, at)
+
     def settle(self) -> None:
-        """After the last step: requests neither finished nor dropped were
-        aborted by the scheduler (out of memory even alone while decoding);
-        they were never served, so they are dropped too, not lost."""
+        """After the last step: a request neither finished nor dropped (none
+        while the scheduler reports every abort through `_aborted`) was never
+        served, so it is dropped too, not lost."""
         self.dropped += self.forward.requests.values()
+        self._ended += [(i, None) for i in self.forward.requests]
         self.forward.requests.clear()
+        self._report_ends(self.clock.now)
 
     def _submit(self, i: int, tr: TraceRequest, at: float) -> None:
         n_out = max(1, len(tr.output_units))
@@ -334,8 +369,13 @@ class ServingModel:
         self.scheduler.submit(seq)
 
     def _drop(self, seq: Sequence) -> None:
-        self.scheduler.abort(seq)
+        self.scheduler.abort(seq)  # a waiting sequence: `_aborted` at once
+
+    def _aborted(self, seq: Sequence) -> None:
+        """The scheduler stopped `seq` unfinished (stalled, or out of memory even
+        alone while decoding): never served, it counts as dropped."""
         self.dropped.append(self.forward.requests.pop(seq.id))
+        self._ended.append((seq.id, None))
 
     def _record(self, seq: Sequence) -> None:
         tr = self.forward.requests.pop(seq.id)
@@ -353,8 +393,10 @@ class ServingModel:
                 self.units.hit_tokens(tr, seq.kv_hit_tokens),
                 seq.retractions,
                 seq.cached_tokens,
+                seq.arrival,
             )
         )
+        self._ended.append((seq.id, self.outcomes[-1]))
 
     def _track_peaks(self) -> None:
         kv, slots = self.cache.kv, self.cache.slots

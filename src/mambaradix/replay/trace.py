@@ -1,6 +1,8 @@
 """The request trace every workload loader produces.
 
-A trace is a list of requests in arrival order. Each request carries its input
+A trace is a list of requests in arrival order; a session's turns share a
+`session_id` and count up in `turn_id` (a turn follows its session's previous
+turn: closed-loop replay releases it only after that turn's answer). Each request carries its input
 and output as *units*: token ids for token-level traces, or block ids for
 block-level traces (Mooncake: one unit = a 512-token block, equal ids = equal
 prefix), plus its true token counts. The replay works in units and converts to
@@ -27,6 +29,10 @@ class TraceRequest:
     output_units: array[int]
     input_tokens: int
     output_tokens: int
+    think_s: float | None = None
+    """Seconds from the previous turn's answer (its last token) to this turn's
+    arrival, as recorded; None when the trace does not record it (closed-loop
+    replay then takes the arrival gap; `replay.sessions`)."""
 
     def __post_init__(self) -> None:
         sid = self.session_id
@@ -43,6 +49,8 @@ class TraceRequest:
                 )
         as_count(self.input_tokens, f"{where}: input_tokens")
         as_count(self.output_tokens, f"{where}: output_tokens")
+        if self.think_s is not None:
+            as_real(self.think_s, f"{where}: think_s", low=0)
         if not self.input_units:
             raise ValueError(f"{where} has no input")
         if self.input_tokens < len(self.input_units):

@@ -65,6 +65,7 @@ class Scheduler:
         config: SchedulerConfig | None = None,
         clock: Callable[[], float] = time.perf_counter,
         on_finish: Callable[[Sequence], None] | None = None,
+        on_abort: Callable[[Sequence], None] | None = None,
     ) -> None:
         self.cache, self.forward, self.clock = cache, forward, clock
         self.config = config or SchedulerConfig()
@@ -73,6 +74,7 @@ class Scheduler:
             checkpoints = SGLangCheckpoints() if sglang else DefaultCheckpoints()
         self.checkpoints = checkpoints
         self.on_finish = on_finish
+        self.on_abort = on_abort  # a sequence stopped without finishing (`abort`, or out of memory)
         _check_config(cache, self.config)
         self.waiting: list[Sequence] = []
         self.prefilling: list[Sequence] = []  # part-way through their prefill
@@ -124,6 +126,8 @@ class Scheduler:
         if seq.req.admitted or seq.req.node is not None:
             self.cache.abort(seq.req)
         seq.status = ABORTED
+        if self.on_abort is not None:
+            self.on_abort(seq)
 
     @property
     def busy(self) -> bool:

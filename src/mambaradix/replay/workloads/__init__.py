@@ -11,7 +11,8 @@ their fields). Modules:
 
 * `mooncake`  -- Mooncake-format block traces (`load_mooncake`);
 * `jsonl`     -- the neutral token-level format (`load_jsonl`, `save_jsonl`,
-                 `load_trace` with format detection);
+                 `load_trace` with format detection); `sample` is its bundled sample;
+* `check`     -- `check_file` and `summarize` behind `mambaradix trace check`;
 * `text`      -- real text through a real tokenizer: `load_swe_agent`,
                  `load_mt_bench`, `load_chitchat` (need the `text` extra);
 * `synthetic` -- seeded generators: shared prefixes, multi-turn, agent loops;
@@ -28,13 +29,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..trace import Trace
-from ._io import TraceFormatError
+from ._io import TraceFormatError, data_file
 from .jsonl import detect_format, load_jsonl, load_trace, save_jsonl
 from .mooncake import load_bundled_mooncake, load_mooncake
 from .synthetic import agent_loop, multi_turn, shared_prefix
 from .text import load_chitchat, load_mt_bench, load_swe_agent
 
+SAMPLE_FILE = ("sample", "sample_trace.jsonl")
+
+
+def load_sample() -> Trace:
+    """The bundled sample of the neutral JSONL schema (`mambaradix/data/sample/`)."""
+    return load_jsonl(data_file(*SAMPLE_FILE), name="sample")
+
+
 _LOADERS: dict[str, Callable[[], Trace]] = {
+    "sample": load_sample,
     "mooncake": load_bundled_mooncake,
     "swe-agent": load_swe_agent,
     "mt-bench": load_mt_bench,
@@ -79,6 +89,9 @@ __all__ = [
     "load_jsonl",
     "load_mooncake",
     "load_mt_bench",
+    "load_sample",
+    "SAMPLE_FILE",
+    "data_file",
     "load_swe_agent",
     "load_trace",
     "multi_turn",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Process = Literal["poisson", "uniform"]
 
@@ -33,6 +33,15 @@ def start_times(
     return out
 
 
+class Chain(NamedTuple):
+    """One session's arrival times, and per call the think time drawn before
+    it (None for the first call): what closed-loop replay waits after the
+    previous answer."""
+
+    times: list[float]
+    thinks: list[float | None]
+
+
 def chain_times(
     start: float,
     output_tokens: Sequence[int],
@@ -40,7 +49,7 @@ def chain_times(
     *,
     think_time_s: float,
     decode_tps: float,
-) -> list[float]:
+) -> Chain:
     """Arrival times of one session's calls, the first at `start`.
 
     Each next call waits for the previous answer (`output_tokens / decode_tps`
@@ -49,9 +58,11 @@ def chain_times(
     if think_time_s < 0 or decode_tps <= 0:
         raise ValueError("think_time_s must be >= 0 and decode_tps > 0")
     t, out = start, []
+    thinks: list[float | None] = [None]
     for i, n_out in enumerate(output_tokens):
         out.append(t)
         if i + 1 < len(output_tokens):
             think = rng.expovariate(1.0 / think_time_s) if think_time_s else 0.0
             t += n_out / decode_tps + think
-    return out
+            thinks.append(think)
+    return Chain(out, thinks[: len(out)])

@@ -14,13 +14,23 @@ that block; the last block is usually partial). The trace becomes a block-level
 * output units are fresh negative ids, `ceil(output_length / 512)` per request,
   unique across the trace and below every input id, so an answer never matches
   any cached block (the data says nothing about what answers share);
-* there are no session ids: each request is its own session (`session_id` =
-  request index in file order, `turn_id` = 0).
+* the format has no session ids; `load_mooncake` infers them (`sessions`):
+  request j is the next turn of the latest earlier request i whose prompt,
+  but for its last (partial) block, is a prefix of j's prompt, provided that
+  prefix holds a block first seen in i (so j carries on i's own conversation,
+  not a system prompt many requests share), and i has no next turn yet.
+  `session_id` is the index of the session's first request, `turn_id` counts
+  from 0. On the bundled conversation trace this finds 3,305 next turns; the
+  smallest gap between a turn and the next is 6 s, the median 126 s, and the
+  median next prompt is 28 tokens longer than the previous prompt plus its
+  answer (the user's new message). With `sessions=False` every request is
+  its own session (`session_id` = request index, `turn_id` = 0).
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -74,11 +84,13 @@ def load_mooncake(
     check_lengths: bool = True,
     limit: int | None = None,
     source: str | None = None,
+    sessions: bool = True,
 ) -> Trace:
     """Load a Mooncake-format JSONL file (optionally `.gz`) as a block-level Trace.
 
     `check_lengths` requires `len(hash_ids) == ceil(input_length / block_tokens)`
-    on every line; `limit` keeps only the first `limit` requests. Raises
+    on every line; `limit` keeps only the first `limit` requests; `sessions`
+    infers each request's session and turn (module docstring). Raises
     TraceFormatError (a ValueError) naming the line of a malformed record.
     """
     if block_tokens < 1:
@@ -93,12 +105,16 @@ def load_mooncake(
     if not rows:
         raise TraceFormatError(path, 1, "file has no records")
     next_out = _first_output_id(path, rows, lines, block_tokens)
+    turns = infer_sessions([r.hash_ids for r in rows]) if sessions else None
     requests = []
     for i, r in enumerate(rows):
         n_out = -(-r.output_length // block_tokens)
         out = array("q", range(next_out, next_out - n_out, -1))
         next_out -= n_out
-        requests.append(TraceRequest(i, 0, r.ts, r.hash_ids, out, r.input_length, r.output_length))
+        sid, turn = turns[i] if turns is not None else (i, 0)
+        requests.append(
+            TraceRequest(sid, turn, r.ts, r.hash_ids, out, r.input_length, r.output_length)
+        )
     return Trace(
         name=name or Path(path).name.removesuffix(".gz").removesuffix(".jsonl"),
         requests=requests,
@@ -106,6 +122,36 @@ def load_mooncake(
         source=source or f"Mooncake-format JSONL {path}",
         meta={"format": "mooncake", "path": str(path), "block_tokens": block_tokens},
     )
+
+
+def infer_sessions(prompts: Sequence[array[int]]) -> list[tuple[int, int]]:
+    """(session id, turn id) of each prompt, in order (see the module docstring)."""
+    seen: set[int] = set()
+    ends: dict[int, int] = {}  # last block of a prompt's full blocks -> latest such prompt
+    taken: set[int] = set()  # prompts that have their next turn
+    out: list[tuple[int, int]] = []
+    for j, h in enumerate(prompts):
+        i = _previous_turn(prompts, ends, taken, h)
+        out.append((j, 0) if i < 0 else (out[i][0], out[i][1] + 1))
+        taken.add(i)
+        full = len(h) - 1
+        if full and any(b not in seen for b in h[:full]):
+            ends[h[full - 1]] = j
+        seen.update(h)
+    return out
+
+
+def _previous_turn(
+    prompts: Sequence[array[int]], ends: dict[int, int], taken: set[int], h: array[int]
+) -> int:
+    """The longest-prefix, latest earlier prompt whose full blocks are a prefix
+    of `h` and that has no next turn yet; -1 if none."""
+    for length in range(len(h) - 1, 0, -1):
+        i = ends.get(h[length - 1], -1)
+        same = i >= 0 and len(prompts[i]) - 1 == length and prompts[i][:length] == h[:length]
+        if same and i not in taken:
+            return i
+    return -1
 
 
 def _first_output_id(path: PathLike, rows: list[_Row], lines: list[int], block: int) -> int:

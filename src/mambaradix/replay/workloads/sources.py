@@ -32,11 +32,13 @@ _ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 @dataclass(frozen=True, slots=True)
 class Conversation:
     """One session's messages; `times[i]`, when known, is the real time (s) at
-    which assistant message i was requested (its prompt complete)."""
+    which assistant message i was requested (its prompt complete), and
+    `answered[i]` when it was complete (its last part sent)."""
 
     session_id: int | str
     messages: tuple[Message, ...]
     times: tuple[float, ...] | None = None
+    answered: tuple[float, ...] | None = None
 
 
 # ---------------------------------------------------------------- SWE-agent
@@ -180,7 +182,7 @@ def chitchat_conversations(n: int = 300, path: PathLike | None = None) -> list[C
     Each turn-group (consecutive utterances of one sender, joined by newlines)
     is one message; the first sender is the user, the other the assistant.
     `times` holds, per assistant message, the real epoch time of the user's
-    last utterance before it.
+    last utterance before it; `answered` the time of its own last utterance.
     """
     with open(path or _chitchat_path(), encoding="utf-8") as f:
         data: dict[str, dict[str, object]] = json.load(f)
@@ -195,8 +197,10 @@ def chitchat_conversations(n: int = 300, path: PathLike | None = None) -> list[C
                 text = turns[-1][1] + "\n" + text
                 turns.pop()
             turns.append((role, text, ts))
-        times = tuple(turns[i - 1][2] for i in range(1, len(turns)) if turns[i][0] == "assistant")
+        asked = range(1, len(turns))
+        times = tuple(turns[i - 1][2] for i in asked if turns[i][0] == "assistant")
+        answered = tuple(turns[i][2] for i in asked if turns[i][0] == "assistant")
         if times:
             msgs = tuple(Message(role, text) for role, text, _ in turns)
-            convs.append(Conversation(conv_id, msgs, times))
+            convs.append(Conversation(conv_id, msgs, times, answered))
     return convs

@@ -163,11 +163,13 @@ def multi_turn(
             ans = tok.sized(output_tokens)
             calls.append((inp, ans))
             history = inp + ans
-        times = chain_times(
+        chain = chain_times(
             t0, [len(a) for _, a in calls], rng, think_time_s=think_time_s, decode_tps=decode_tps
         )
-        for k, ((inp, ans), ts) in enumerate(zip(calls, times, strict=True)):
-            out.append(TraceRequest(s, k, ts, inp, ans, len(inp), len(ans)))
+        for k, ((inp, ans), ts, think) in enumerate(
+            zip(calls, chain.times, chain.thinks, strict=True)
+        ):
+            out.append(TraceRequest(s, k, ts, inp, ans, len(inp), len(ans), think))
     return _trace("synthetic-multi-turn", out, {"seed": seed, "sessions": sessions})
 
 
@@ -230,10 +232,12 @@ def agent_loop(
             prompts.append(history)
             calls.append((history, action))
             history = history + action + tok.sized(observation_tokens)
-        times = chain_times(
+        chain = chain_times(
             t0, [len(a) for _, a in calls], rng, think_time_s=tool_time_s, decode_tps=decode_tps
         )
-        for k, ((inp, ans), ts) in enumerate(zip(calls, times, strict=True)):
-            out.append(TraceRequest(s, k, ts, inp, ans, len(inp), len(ans)))
+        for k, ((inp, ans), ts, think) in enumerate(
+            zip(calls, chain.times, chain.thinks, strict=True)
+        ):
+            out.append(TraceRequest(s, k, ts, inp, ans, len(inp), len(ans), think))
     meta: dict[str, object] = {"seed": seed, "sessions": sessions, "branches": branches}
     return _trace("synthetic-agent", out, meta)

@@ -16,7 +16,11 @@ Timestamps:
 * chitchat has real per-message times (2018, spread over 212 days). A
   conversation's first call keeps its place in time, mapped linearly into
   `[0, window_s]`; inside a conversation the real gaps are kept, each capped at
-  `max_gap_s` (some people answered days later).
+  `max_gap_s` (some people answered days later). The think time before a call
+  (what closed-loop replay waits after the previous answer) is the real pause
+  between the answering person's last message and the user's next one.
+
+The synthetic schedules record the think time they drew (`TraceRequest.think_s`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import TypeAlias
 from ..progress import track
 from ..trace import Trace, TraceRequest
 from ._io import PathLike
-from .arrivals import chain_times, start_times
+from .arrivals import Chain, chain_times, start_times
 from .chat import ChatTokenizer, chat_tokenizer
 from .sources import (
     Conversation,
@@ -76,12 +80,12 @@ def _tokenize(
     return [conversation_calls(c, tok, max_prompt_tokens) for c in todo]
 
 
-def _requests(
-    session: int | str, calls: Sequence[Call], times: Sequence[float]
-) -> list[TraceRequest]:
+def _requests(session: int | str, calls: Sequence[Call], chain: Chain) -> list[TraceRequest]:
     return [
-        TraceRequest(session, k, ts, inp, out, len(inp), len(out))
-        for k, ((inp, out), ts) in enumerate(zip(calls, times, strict=True))
+        TraceRequest(session, k, ts, inp, out, len(inp), len(out), think)
+        for k, ((inp, out), ts, think) in enumerate(
+            zip(calls, chain.times, chain.thinks, strict=True)
+        )
     ]
 
 
@@ -90,15 +94,15 @@ def _conversation_trace(
     source: str,
     convs: Sequence[Conversation],
     calls: Sequence[Sequence[Call]],
-    times: Sequence[Sequence[float]],
+    times: Sequence[Chain],
     tok: ChatTokenizer,
     timestamps: str,
 ) -> Trace:
     """A token-level trace of conversations: one request per call, in session order."""
     requests = [
         r
-        for c, cs, ts in zip(convs, calls, times, strict=True)
-        for r in _requests(c.session_id, cs, ts)
+        for c, cs, chain in zip(convs, calls, times, strict=True)
+        for r in _requests(c.session_id, cs, chain)
     ]
     meta: dict[str, object] = {
         "tokenizer": tok.file,
@@ -115,13 +119,13 @@ def synthetic_schedule(
     session_rate: float,
     think_time_s: float,
     decode_tps: float,
-) -> list[list[float]]:
-    """Arrival times per session (see the module docstring); `outputs[s]` holds
-    the output token counts of session s's calls."""
+) -> list[Chain]:
+    """Arrival and think times per session (see the module docstring);
+    `outputs[s]` holds the output token counts of session s's calls."""
     order = list(range(len(outputs)))
     rng.shuffle(order)
     starts = start_times(len(order), session_rate, rng)
-    times: list[list[float]] = [[] for _ in outputs]
+    times = [Chain([], []) for _ in outputs]
     for s, t0 in zip(order, starts, strict=True):
         times[s] = chain_times(
             t0, outputs[s], rng, think_time_s=think_time_s, decode_tps=decode_tps
@@ -209,23 +213,34 @@ def load_mt_bench(
 
 
 def real_schedule(
-    times: Sequence[Sequence[float]], *, window_s: float, max_gap_s: float
-) -> list[list[float]]:
-    """Real per-session epoch times to trace times (see the module docstring)."""
+    times: Sequence[Sequence[float]],
+    *,
+    window_s: float,
+    max_gap_s: float,
+    answered: Sequence[Sequence[float]] | None = None,
+) -> list[Chain]:
+    """Real per-session epoch times to trace times (see the module docstring).
+    `answered[s][k]`, when given, is when call k's answer was complete; the
+    think time before call k+1 is then the real pause from it to call k+1
+    (capped at `max_gap_s` like every gap), else unknown (None)."""
     if window_s < 0 or max_gap_s < 0:
         raise ValueError("window_s and max_gap_s must be >= 0")
     firsts = [ts[0] for ts in times if ts]
     lo, hi = min(firsts, default=0.0), max(firsts, default=0.0)
     scale = window_s / (hi - lo) if hi > lo else 0.0
     out = []
-    for ts in times:
+    for s, ts in enumerate(times):
         t = (ts[0] - lo) * scale if ts else 0.0
-        session = []
+        chain = Chain([], [])
         for i, real in enumerate(ts):
+            think = None
             if i:
                 t += min(max(real - ts[i - 1], 0.0), max_gap_s)
-            session.append(t)
-        out.append(session)
+                if answered is not None:
+                    think = min(max(real - answered[s][i - 1], 0.0), max_gap_s)
+            chain.times.append(t)
+            chain.thinks.append(think)
+        out.append(chain)
     return out
 
 
@@ -247,7 +262,8 @@ def load_chitchat(
     convs = chitchat_conversations(n, path)
     calls = _tokenize("chitchat", convs, tok, max_prompt_tokens)
     real = [list(c.times or ())[: len(cs)] for c, cs in zip(convs, calls, strict=True)]
-    times = real_schedule(real, window_s=window_s, max_gap_s=max_gap_s)
+    answered = [list(c.answered or ())[: len(cs)] for c, cs in zip(convs, calls, strict=True)]
+    times = real_schedule(real, window_s=window_s, max_gap_s=max_gap_s, answered=answered)
     timestamps = (
         f"real: conversation starts mapped into [0, {window_s}] s, "
         f"gaps inside a conversation kept, capped at {max_gap_s} s"
