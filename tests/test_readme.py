@@ -36,6 +36,8 @@ SLOW = (
     "scripts/main.sh",
     "--instances",
     "--executor",
+    "my_model/",
+    "chitchat",
 )
 SLOW_COMMANDS = (".venv/bin/mambaradix replay --memory 20",)  # the full trace's queues
 # What a command looks like, to catch one left in a block that is not ```bash.
@@ -149,6 +151,13 @@ def write_my_trace(cwd: Path) -> None:
     save_jsonl(multi_turn(sessions=16, seed=0), cwd / "my_trace.jsonl")
 
 
+def copy_my_model(cwd: Path) -> None:
+    """`my_model/`: a model's own config.json (Nemotron-Nano-9B-v2's, from transformers)."""
+    config = readme.REPO / "tests" / "data" / "hf_configs" / "Nemotron-Nano-9B-v2" / "config.json"
+    (cwd / "my_model").mkdir()
+    (cwd / "my_model" / "config.json").write_bytes(config.read_bytes())
+
+
 def params() -> list[object]:
     out = []
     for row in ROWS:
@@ -166,6 +175,8 @@ def test_readme_command(row: readme.Row, tested: readme.Tested, tmp_path: Path) 
     assert tested.words is not None
     if "my_trace.jsonl" in row.command:
         write_my_trace(tmp_path)
+    if "my_model/" in row.command:
+        copy_my_model(tmp_path)
     done = run(tested.words, tmp_path)
     gpu_here = tested.role == "gpu" and cuda()  # then the GPU check runs for real
     assert done.returncode == (0 if gpu_here else tested.exit_code), done.stderr[-3000:]
