@@ -277,72 +277,93 @@ def test_a_full_store_refuses_and_counts(tmp_path, gen) -> None:
 # ---------------------------------------------------------------- a seeded run with a model
 
 
-def run_random(steps: int, seed: int, tmp_path) -> None:
+class RandomRun:
     """Demote, load, free, save and load through a store at random; after every step the
-    host pool's conservation and invariants hold and every load gives the reference bytes."""
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
-    dtype = rng.choice(DTYPES)
-    dev = state_group(state_pool(dtype, slots=8))
-    kv = kv_tensors(dtype, tokens=48)
-    host, host_kv = HostStatePool(dev, 5), HostKVPool(kv, 24, page_size=4)
-    mover = Mover(DEVICE)
-    io = StoreIO(FileStore(tmp_path, cache_namespace("m", dev, kv, 4)), dev, kv, 4)
-    held: dict[int, dict[str, torch.Tensor]] = {}  # host slot -> the bytes it must hold
-    held_kv: list[tuple[list[int], dict[str, torch.Tensor]]] = []
-    stored: dict[str, dict[str, torch.Tensor]] = {}  # page hash -> a state's bytes
+    host pools' conservation and invariants hold and every load gives the reference bytes
+    (`held`, `held_kv`, `stored`: clones taken when the bytes left the device)."""
+
+    def __init__(self, seed: int, tmp_path) -> None:
+        self.rng, self.gen = random.Random(seed), torch.Generator().manual_seed(seed)
+        dtype = self.rng.choice(DTYPES)
+        self.dev, self.kv = state_group(state_pool(dtype, slots=8)), kv_tensors(dtype, tokens=48)
+        self.host, self.host_kv = HostStatePool(self.dev, 5), HostKVPool(self.kv, 24, page_size=4)
+        self.mover = Mover(DEVICE)
+        store = FileStore(tmp_path, cache_namespace("m", self.dev, self.kv, 4))
+        self.io = StoreIO(store, self.dev, self.kv, 4)
+        self.held: dict[int, dict[str, torch.Tensor]] = {}  # host slot -> its bytes
+        self.held_kv: list[tuple[list[int], dict[str, torch.Tensor]]] = []
+        self.stored: dict[str, dict[str, torch.Tensor]] = {}  # page hash -> a state's bytes
+
+    def step(self) -> None:
+        randomize(self.dev, self.gen)  # the device moves on between steps
+        randomize(self.kv, self.gen)
+        ops = [self.demote, self.load, self.drop, self.kv_round_trip, self.save, self.restore]
+        self.rng.choice(ops)()
+        self.check()
+
+    def demote(self) -> None:
+        slots = self.rng.sample(range(8), self.rng.randint(1, 3))
+        got = self.host.demote(self.mover, self.dev, slots)
+        if got is None:
+            assert self.host.available_size() < len(slots)
+            return
+        for unit, slot in zip(got[0], slots, strict=True):
+            self.held[unit] = {p: bits(t[:, slot]) for p, t in self.dev.items()}
+        got[1].wait()
+
+    def load(self) -> None:
+        if not self.held:
+            return
+        units = self.rng.sample(sorted(self.held), self.rng.randint(1, len(self.held)))
+        to = self.rng.sample(range(8), len(units))
+        self.host.load(self.mover, units, self.dev, to).wait()
+        for u, d in zip(units, to, strict=True):
+            assert all(torch.equal(bits(self.dev[p][:, d]), self.held[u][p]) for p in self.dev)
+
+    def drop(self) -> None:  # the tree drops host copies
+        gone = self.rng.sample(sorted(self.held), self.rng.randint(0, len(self.held)))
+        self.host.free(gone)
+        for u in gone:
+            del self.held[u]
+
+    def kv_round_trip(self) -> None:
+        tokens = self.rng.sample(range(48), 4 * self.rng.randint(1, 3))
+        got = self.host_kv.demote(self.mover, self.kv, tokens)
+        if got is not None:
+            self.held_kv.append((list(got[0]), {p: bits(t[:, tokens]) for p, t in self.kv.items()}))
+            got[1].wait()
+        elif self.held_kv:  # full: bring one back and free it
+            units, want = self.held_kv.pop(self.rng.randrange(len(self.held_kv)))
+            to = self.rng.sample(range(48), len(units))
+            self.host_kv.load(self.mover, units, self.kv, to).wait()
+            assert all(torch.equal(bits(self.kv[p][:, to]), want[p]) for p in self.kv)
+            self.host_kv.free(units)
+
+    def save(self) -> None:
+        page, slot = self.rng.choice(CHAIN[:6]), self.rng.randrange(8)
+        assert self.io.save_states([(page, slot)], self.dev).wait() == [True]
+        self.stored[page] = {p: bits(t[:, slot]) for p, t in self.dev.items()}
+
+    def restore(self) -> None:  # a miss leaves the slot as it was
+        page, slot = self.rng.choice(CHAIN[:6]), self.rng.randrange(8)
+        old = {p: bits(t[:, slot]) for p, t in self.dev.items()}
+        (hit,) = self.io.load_states([(page, slot)], self.dev).wait()
+        assert hit == (page in self.stored)
+        want = self.stored[page] if hit else old
+        assert all(torch.equal(bits(self.dev[p][:, slot]), want[p]) for p in self.dev)
+
+    def check(self) -> None:
+        self.host.check_invariants()
+        self.host_kv.check_invariants()
+        self.host.check_conservation([[u] for u in self.held])
+        self.host_kv.check_conservation([units for units, _ in self.held_kv])
+        assert self.host.available_size() == 5 - len(self.held)
+
+
+def run_random(steps: int, seed: int, tmp_path) -> None:
+    run = RandomRun(seed, tmp_path)
     for _ in range(steps):
-        randomize(dev, gen)  # the device moves on between steps
-        randomize(kv, gen)
-        op = rng.randrange(6)
-        if op == 0:  # demote some device slots
-            slots = rng.sample(range(8), rng.randint(1, 3))
-            got = host.demote(mover, dev, slots)
-            if got is None:
-                assert host.available_size() < len(slots)
-            else:
-                want = {s: {p: bits(t[:, d]) for p, t in dev.items()} for s, d in zip(got[0], slots)}
-                got[1].wait()
-                held.update(want)
-        elif op == 1 and held:  # load host slots into random device slots, check them
-            units = rng.sample(sorted(held), rng.randint(1, len(held)))
-            to = rng.sample(range(8), len(units))
-            host.load(mover, units, dev, to).wait()
-            for u, d in zip(units, to, strict=True):
-                assert all(torch.equal(bits(dev[p][:, d]), held[u][p]) for p in dev)
-        elif op == 2 and held:  # the tree drops host copies
-            gone = rng.sample(sorted(held), rng.randint(1, len(held)))
-            host.free(gone)
-            for u in gone:
-                del held[u]
-        elif op == 3:  # KV pages to host and back
-            tokens = rng.sample(range(48), 4 * rng.randint(1, 3))
-            got = host_kv.demote(mover, kv, tokens)
-            if got is not None:
-                want = {p: bits(t[:, tokens]) for p, t in kv.items()}
-                got[1].wait()
-                held_kv.append((list(got[0]), want))
-            elif held_kv:
-                units, want = held_kv.pop(rng.randrange(len(held_kv)))
-                to = rng.sample(range(48), len(units))
-                host_kv.load(mover, units, kv, to).wait()
-                assert all(torch.equal(bits(kv[p][:, to]), want[p]) for p in kv)
-                host_kv.free(units)
-        elif op == 4:  # a state to the store
-            page, slot = rng.choice(CHAIN[:6]), rng.randrange(8)
-            assert io.save_states([(page, slot)], dev).wait() == [True]
-            stored[page] = {p: bits(t[:, slot]) for p, t in dev.items()}
-        else:  # a state from the store (a miss leaves the slot as it was)
-            page, slot = rng.choice(CHAIN[:6]), rng.randrange(8)
-            old = {p: bits(t[:, slot]) for p, t in dev.items()}
-            (hit,) = io.load_states([(page, slot)], dev).wait()
-            assert hit == (page in stored)
-            want = stored[page] if hit else old
-            assert all(torch.equal(bits(dev[p][:, slot]), want[p]) for p in dev)
-        host.check_invariants()
-        host_kv.check_invariants()
-        host.check_conservation([[u] for u in held])
-        host_kv.check_conservation([units for units, _ in held_kv])
-        assert host.available_size() == 5 - len(held)
+        run.step()
 
 
 def test_random_run_against_a_reference_model(tmp_path) -> None:
