@@ -2,23 +2,25 @@
 measured on this machine's CPU.
 
     .venv/bin/python bench/bench_tier_breakeven.py [--models nemotron-h-tiny,qwen3-next-tiny
-        --repeats 9 --suffix 16 --threads 1]
+        --repeats 25 --suffix 16 --threads 1]
 
 1. Published figures: the break-even of every replay model on an H100/H200 (bf16, MFU 0.3)
    for each tier of `tiers.cost.TIERS` (host over PCIe Gen5, file store on NVMe, Redis over
    100GbE, Mooncake over RDMA).
-2. CPU calibration, per engine preset (the engine's `PoolAdapter` on the CPU, fp32):
-   * prefill FLOP/s R: fresh prefills of m = 128..1024 tokens, least squares of
-     t = c0 + F(m) / R over the medians (F from `geometry.derive`, the replay's FLOPs);
-   * each tier's link (latency, bandwidth): least squares of t = latency + bytes / bandwidth
-     over real loads of a state + n KV tokens, n = 0..2048: "host" = `HostStatePool` /
-     `HostKVPool.load` into the engine's pools (CPU -> CPU), "file" = `StoreIO` from a
-     `FileStore` (one object per 16-token KV page) into the same pools;
-   * the model's break-even with those constants (`tiers.cost.break_even`);
-   * the measured break-even: on a grid of n, recomputing n tokens costs the median of
-     t(prefill n + s tokens) - t(prefill s tokens after n cached), pairs interleaved, and
-     loading them costs the median real load; the break-even is where the two curves cross
-     for good (linear interpolation between the grid points around the crossing).
+2. CPU calibration, per engine preset (the engine's `PoolAdapter` on the CPU, fp32, one
+   thread). `--repeats` rounds, each over the grid n = 1..128 in a new order, time (CPU
+   time of the thread: the VM is shared) for every n: a fresh prefill of n + s tokens
+   ("full"), s tokens after the state and KV of n ("cont"), and a hit of n tokens loaded from
+   each tier: "host" = `HostStatePool` / `HostKVPool.load` into the engine's pools (CPU ->
+   CPU), "file" = `StoreIO` from a `FileStore` (one object per 16-token KV page). Then:
+   * the model's constants: R = 1 / slope of the least-squares line of the "full" medians
+     against F(n + s) (F from `geometry.derive`, the replay's FLOPs); each tier's latency
+     and bandwidth from the line of its load medians against the bytes of the hit;
+   * the model's break-even with them (`tiers.cost.break_even`);
+   * the measured break-even: recomputing n tokens costs the median of the paired
+     differences full - cont, loading them the median load; where the least-squares lines
+     through those two sets of points cross. Also printed: where the grid points themselves
+     cross for good (noisier: the differences are a few hundred us against ~100 us noise).
    Target (issue 17): measured within 2x of the model's.
 """
 
@@ -93,10 +95,16 @@ def timed(fn: Callable[..., object], *args: object) -> float:
     return CLOCK() - t0
 
 
+def fit_line_free(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line."""
+    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    return float(intercept), float(slope)
+
+
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """(intercept, slope) of the least-squares line, the intercept clamped at 0."""
-    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
-    return max(float(intercept), 0.0), float(slope)
+    intercept, slope = fit_line_free(xs, ys)
+    return max(intercept, 0.0), slope
 
 
 class Bench:
@@ -209,23 +217,36 @@ def calibrate(name: str, suffix: int, repeats: int) -> None:
     rows = [("full", med["full"]), ("cont", med["cont"]), ("recompute", redo)]
     for label, row in rows + [(f"load {t}", med[t]) for t in TIER_KEYS]:
         print(f"{label:>11s} " + " ".join(f"{x * 1e6:6.0f}" for x in row) + "  us")
+    a, b = fit_line_free(list(GRID), redo)
+    print(
+        f"  recompute fit: {a * 1e6:.0f} us + {b * 1e6:.1f} us x n (the model: 0 + "
+        f"{c.prefill_flops(1) * slope * 1e6:.1f} us x n, plus attention)"
+    )
     for tier in TIER_KEYS:
         latency, per_byte = fit_line([c.hit_bytes(n) for n in GRID], med[tier])
         link = Link(f"measured {tier}", 1.0 / per_byte, latency, "this machine")
         model = break_even(c, Tier(tier, (link,)), cpu)
-        measured = crossing([r - x for r, x in zip(redo, med[tier], strict=True)])
-        report(name, tier, link, model, measured)
+        la, lb = fit_line_free(list(GRID), med[tier])
+        line = (la - a) / (b - lb) if b > lb else None
+        points = crossing([r - x for r, x in zip(redo, med[tier], strict=True)])
+        report(name, tier, link, model, None if line is None else max(line, 1.0), points)
 
 
-def report(name: str, tier: str, link: Link, model: int | None, got: float | None) -> None:
+def report(
+    name: str, tier: str, link: Link, model: int | None, got: float | None, points: float | None
+) -> None:
     ratio = None if model is None or got is None else max(model / got, got / model)
     verdict = "n/a" if ratio is None else ("within" if ratio <= TARGET else "OVER")
     print(
-        f"{name} {tier}: link {link.latency_s * 1e6:.0f} us + {link.bandwidth / 1e9:.2f} "
-        f"GB/s; break-even model {model}, measured "
-        f"{'never' if got is None else f'{got:.1f}'} tokens: "
-        f"{'-' if ratio is None else f'{ratio:.2f}x'} ({verdict} {TARGET}x)"
+        f"{name} {tier}: link {link.latency_s * 1e6:.0f} us + {link.bandwidth / 1e9:.2f} GB/s;"
+        f" break-even model {model}, measured {_tokens(got)} tokens: "
+        f"{'-' if ratio is None else f'{ratio:.2f}x'} ({verdict} {TARGET}x); "
+        f"the grid points cross for good at {_tokens(points)}"
     )
+
+
+def _tokens(x: float | None) -> str:
+    return "never" if x is None else f"{x:.1f}"
 
 
 def main() -> None:
