@@ -19,8 +19,7 @@ Recomputing instead prefills the `n` tokens (its FLOPs as `geometry.derive` and 
 with R the prefill FLOP/s (peak x MFU). The fixed cost of a forward is not in it: the suffix
 after the hit is prefilled either way, so recomputing the prefix adds only its FLOPs.
 `break_even(n)` is the smallest `n >= 1` with ``load_s(n) < recompute_s(n)`` (None when
-loading never wins: a model without attention whose KV-free load costs more per token than
-its compute). Both sides grow with `n` and `recompute_s - load_s` is a convex parabola that
+loading never wins: no attention, and a token's KV takes longer to load than to compute). Both sides grow with `n` and `recompute_s - load_s` is a convex parabola that
 starts below zero, so every hit longer than the break-even also loads faster.
 
 Defaults are published figures, each cited next to it (docs/tiers-data-path.md lists them);
@@ -33,7 +32,6 @@ Pure standard library (the replay and the tree may import it).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -272,12 +270,3 @@ def break_even(model: HitCost, tier: Tier, prefill: Prefill) -> int | None:
 
 def _wins(model: HitCost, tier: Tier, prefill: Prefill, n: int) -> bool:
     return load_s(model, tier, n) < recompute_s(model, prefill, n)
-
-
-def table(
-    models: Sequence[HitCost], tiers: dict[str, Tier], prefill: Prefill
-) -> list[tuple[str, str, int | None]]:
-    """(model, tier key, break-even tokens) for every model and tier."""
-    return [
-        (m.name, key, break_even(m, tier, prefill)) for m in models for key, tier in tiers.items()
-    ]
