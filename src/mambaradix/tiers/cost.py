@@ -19,8 +19,9 @@ Recomputing instead prefills the `n` tokens (its FLOPs as `geometry.derive` and 
 with R the prefill FLOP/s (peak x MFU). The fixed cost of a forward is not in it: the suffix
 after the hit is prefilled either way, so recomputing the prefix adds only its FLOPs.
 `break_even(n)` is the smallest `n >= 1` with ``load_s(n) < recompute_s(n)`` (None when
-loading never wins: no attention, and a token's KV takes longer to load than to compute). Both sides grow with `n` and `recompute_s - load_s` is a convex parabola that
-starts below zero, so every hit longer than the break-even also loads faster.
+loading never wins: no attention, and a token's KV takes longer to load than to compute).
+Both sides grow with `n` and `recompute_s - load_s` is a convex parabola that starts below
+zero, so every hit longer than the break-even also loads faster.
 
 Defaults are published figures, each cited next to it (docs/tiers-data-path.md lists them);
 `bench/bench_tier_breakeven.py` measures the same constants on this machine's CPU and
