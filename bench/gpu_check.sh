@@ -2,7 +2,8 @@
 # The engine on a GPU, in one go (a few minutes on an H100/H200; every step is capped):
 #   1. fp32 exactness on the GPU: the engine's tests with MAMBARADIX_TEST_DEVICE=cuda
 #      (cached == uncached within 1e-4, under pressure with retraction; batched decode ==
-#      a plain transformers forward over the whole sequence)
+#      a plain transformers forward over the whole sequence); the tier data path on CUDA
+#      (pinned host pools, side-stream copies, store round trips, bitwise; tests/test_tiers_*)
 #   2. speed in bf16 on a ~250M-parameter Nemotron-H-shaped model built from a config:
 #      batched vs one-sequence decode at 8 sequences, cache on vs off on 8 sessions sharing
 #      a 4,096-token prompt, and the engine's step against a plain transformers forward
@@ -25,7 +26,8 @@ EOF
 
 echo "== 1. fp32 exactness on cuda"
 MAMBARADIX_TEST_DEVICE=cuda timeout 240 "$PY" -m pytest -q -p no:cacheprovider \
-    tests/test_engine.py tests/test_engine_batched.py || status=1
+    tests/test_engine.py tests/test_engine_batched.py tests/test_tiers_host.py \
+    tests/test_tiers_engine.py || status=1
 
 echo "== 2. speed, bf16, nemotron-h base"
 timeout 300 "$PY" bench/bench_engine_speed.py --device cuda --dtype bfloat16 --size base \

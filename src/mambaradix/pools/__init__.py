@@ -11,6 +11,10 @@ these pools.
     geometry      StateGeometry                        shape/bytes of one state slot
     torch_state   TorchStatePool                       real state tensors (needs torch;
                                                        import it explicitly)
+    host          HostStatePool, HostKVPool            host-memory (L2) copies (torch)
+    transfer      Mover, Transfer                      device <-> host copies (torch)
+    store_io      StoreIO                              slots and KV pages <-> an L3 store
+                                                       (torch, mambaradix.tiers)
 
 All allocators are LIFO and deterministic; every method either succeeds or
 raises ValueError / TypeError leaving the pool unchanged.

@@ -9,6 +9,10 @@
   imported from their modules); `open_store` opens one from a string (``file:PATH``,
   ``redis://HOST:PORT/DB``, ``mooncake://...``).
 
+* `cost`: load or recompute: the load time of a hit per tier vs its prefill time, and the
+  break-even length (pure standard library; imported from its module).
+
+Tensors to and from a store: `mambaradix.pools.store_io` (docs/tiers-data-path.md).
 docs/tiers-stores.md describes the guarantees and how they are tested.
 """
 
