@@ -59,6 +59,11 @@ class CheckpointPolicy(Protocol):
         `node` holds the state (None if the tree already had one there)."""
         ...
 
+    def on_abort(self, req: Request) -> None:
+        """The admitted request is about to give everything back unfinished
+        (retracted or dropped)."""
+        ...
+
 
 class SGLangCheckpoints:
     """SGLang 0.5.15.post1's checkpoints (see the module docstring)."""
@@ -78,6 +83,9 @@ class SGLangCheckpoints:
         pass
 
     def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
+        pass
+
+    def on_abort(self, req: Request) -> None:
         pass
 
 

@@ -121,6 +121,8 @@ class Scheduler:
         for queue in (self.waiting, self.prefilling, self.running):
             if seq in queue:
                 queue.remove(seq)
+        if seq.req.admitted:
+            self.checkpoints.on_abort(seq.req)
         if seq.req.admitted or seq.req.node is not None:
             self.cache.abort(seq.req)
         seq.status = ABORTED
@@ -428,6 +430,7 @@ class Scheduler:
         """Retract: give the memory back and queue the sequence again (its
         outputs so far are kept and prefilled again with its prompt)."""
         seq.retracted_tokens += seq.admission_prefill
+        self.checkpoints.on_abort(seq.req)
         self.cache.abort(seq.req)
         seq.retractions += 1
         seq.stops = []

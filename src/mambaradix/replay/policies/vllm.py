@@ -1,105 +1,537 @@
-"""vLLM's hybrid prefix caching: "align" mode (0.33.0, the mode prefix caching
-turns on) and "all" mode (0.20.0's default for models that support it).
+"""vLLM 0.33.0's hybrid prefix caching with default arguments: the replay's `vllm` row.
 
-Both keep states only at attention-block boundaries and cache no partial
-block. The block is vLLM's unified block, computed per layer as vLLM does
-(`ModelProfile.vllm_block_tokens`, `vllm_all_block_tokens`), and a state costs
-what vLLM holds: a padded page per recurrent layer (`vllm_state_bytes`).
+What vLLM does (file:line in the wheel ``vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl``;
+every rule checked against vLLM's own code driven on CPU, ``tests/test_vllm_differential.py``):
 
-Departures from vLLM, shared by both:
+* Mode "align" (forced for hybrids, ``model_executor/models/config.py:750-787``): a state
+  exists only where a prefill step ends on a block boundary, or where the step's forward
+  exports one (Mamba2, FlashInfer GDN), and at block boundaries passed while decoding.
+* Retention interval 0 (``config/cache.py:275-281``): of those, only the prompt's replay
+  boundary ``floor((prompt - 1) / B) * B`` and a shared-prefix junction are kept
+  (``kv_cache_coordinator.py:67-86, 358-381``, ``single_type_kv_cache_manager.py:
+  545-569, 1549-1606, 2028-2094``). The junction: when a request's cached KV runs past its
+  cached state, the KV hit (capped at ``tokens - 1``, floored to the block) is kept for its
+  siblings, and the scheduler ends a prefill step there (``kv_cache_manager.py:318-325``,
+  ``scheduler.py:546-662``). Our split is `vllm_split`.
+* One block pool for KV and states, with vLLM's free queue (`mambaradix.replay.vllm_pool`):
+  a request holds its blocks while it runs; a kept state is released (cached, at the
+  queue's tail) once the running state moved past it (``single_type_kv_cache_manager.py:
+  1629-1657``), its KV blocks at its end, tail first (``single_type_kv_cache_manager.py:
+  591-601``); an allocation pops cached blocks from the head. A KV block stays cached
+  whether or not a state is; full KV blocks of the output are cached too.
 
-* Memory: the same pools as every other row (the split, or Marconi's shared
-  budget with `--sequential`), so rows differ only in policy. vLLM draws KV
-  blocks and state pages from one block pool.
-* Eviction: the tree's LRU (leaves first; states tombstoned, LRU first).
-  vLLM evicts free blocks in the order they were freed (a request's blocks
-  tail first), KV and state blocks alike.
-* A prefill chunk that our scheduler cuts short because the batch's token
-  budget ran out (several requests in one batch) is not re-aligned; the
-  positions planned at admission (`stops`) are. No EAGLE one-block back-off.
+Settings users change: ``retention`` (``--prefix-cache-retention-interval``): 0 (default),
+N tokens (also keep states at multiples of N, a multiple of the block), or None ("dense":
+every state). Names: ``vllm``, ``vllm@dense``, ``vllm@N``.
+
+The tree holds what a hit can use: KV along paths that end at a kept state, and the
+states. vLLM's cache also holds KV no state is kept under (output blocks, KV whose state
+was evicted, a second copy of a block recomputed after a shorter hit); the policy keeps
+the hashes and queue places of those blocks (`vllm_pool`), for the junction and for the
+memory they take. Departures: docs/vllm-baseline.md.
 """
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mambaradix.geometry.vllm import ALL_MODE_ARCHITECTURES
+from mambaradix.core.node import TreeNode
+from mambaradix.core.results import EvictResult
+from mambaradix.core.tree import MambaRadixCache
+from mambaradix.geometry.vllm import vllm_block
 from mambaradix.lifecycle import Request
 from mambaradix.replay.policies.base import Policy, PolicyContext
-from mambaradix.scheduler import STOP
+from mambaradix.replay.policies.vllm_split import (
+    checkpoint_position,
+    prefill_steps,
+    step_checkpoint,
+)
+from mambaradix.replay.vllm_pool import BlockPool, PoolKV, PoolSlots
+from mambaradix.scheduler import DECODED, PROMPT_END
 
 if TYPE_CHECKING:
     from mambaradix.replay.models import ModelProfile
 
+DENSE = "dense"
+
+
+def retention_name(retention: int | None) -> str:
+    """The policy name for a retention interval (0: ``vllm``)."""
+    if retention == 0:
+        return "vllm"
+    return f"vllm@{DENSE if retention is None else retention}"
+
+
+def parse_retention(value: object, name: str = "retention") -> int | None:
+    """A retention interval: an int >= 0 (tokens), or None / "dense" for dense."""
+    if value is None or value == DENSE:
+        return None
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(
+                f"{name} must be a number of tokens or 'dense', got {value!r}"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, None or 'dense', got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+@dataclass
+class _Plan:
+    """Where vLLM's prefill steps end for one admission, and which states it keeps."""
+
+    hit: int
+    junction: int
+    ends: list[int]  # vLLM's step ends, the last at the request's length
+    kept: set[int]  # positions whose state is kept
+    stops: list[int]  # where our scheduler must end a step (vLLM's ends, exported states)
+
+
+@dataclass
+class _Run:
+    """A running request's blocks, as vLLM's block table holds them."""
+
+    plan: _Plan
+    pages: list[int] = field(default_factory=list)  # KV page of each block, hit ones first
+    hashes: list[int] = field(default_factory=list)  # block hashes of pages[:len(hashes)]
+    pending: list[tuple[int, int]] = field(default_factory=list)  # (position, slot) held
+    previous: list[Hashable] = field(default_factory=list)  # stand-in blocks (`_boundary`)
+    previous_at: int = -1  # the position whose state they stand for
+
 
 class VLLM(Policy):
-    """vLLM 0.33.0 "align" mode (`Scheduler._mamba_block_aligned_split`).
-
-    Admission: a prefill step is cut to a multiple of the block while it ends
-    before the last block boundary of the sequence, `n - n % block` (n: the
-    tokens to prefill: prompt, and outputs of a resumed request), and the
-    step that would cross that boundary stops at it. A state is cached at the
-    end of every step that ends on a block boundary: every full chunk (the
-    chunk floored to whole blocks), the last boundary, the prompt end if it
-    is one, and every boundary reached while decoding. The partial last block
-    is never cached (no insert at finish). Eviction: LRU."""
+    """vLLM 0.33.0 with default arguments (the module docstring)."""
 
     name = "vllm"
     finish_insert = False
 
-    def block_tokens(self, profile: ModelProfile) -> int:
-        return profile.vllm_block_tokens
+    def __init__(self, retention: int | None = 0) -> None:
+        self.retention = parse_retention(retention)
+        self.name = retention_name(self.retention)
+        self.pool: BlockPool | None = None
+        self.kv: PoolKV | None = None
+        self.slots: PoolSlots | None = None
+        self._plans: dict[int, _Plan] = {}  # id(request) -> plan made at its match
 
-    def attach(self, ctx: PolicyContext) -> None:
-        super().attach(ctx)
-        tokens = self.block_tokens(ctx.profile)
-        self.block_units = max(1, -(-tokens // ctx.unit_tokens))
-        self.decode_interval = self.block_units
+    # ----------------------------------------------------------------- sizes
 
     def state_bytes(self, profile: ModelProfile) -> int:
         return profile.vllm_state_bytes
 
-    def stops(self, req: Request) -> list[int]:
-        """The block-aligned ends of vLLM's prefill steps before the sequence end."""
-        b, n = self.block_units, req.total_len
-        chunk = max(b, self.ctx.chunk_units // b * b)  # vLLM needs a budget of one block
-        last, pos, out = n - n % b, req.computed, []
-        while pos < n:
-            step = min(n - pos, chunk)
-            if pos + step < last:
-                step = step // b * b
-            elif pos < last < pos + step:
-                step = last - pos
-            pos += step
-            if pos < n and pos % b == 0:
-                out.append(pos)
-        return out
+    @staticmethod
+    def block_units(profile: ModelProfile, unit_tokens: int) -> int:
+        """vLLM's block in trace units (a block trace's unit may not divide it: rounded up)."""
+        return max(1, -(-profile.vllm_block_tokens // unit_tokens))
 
-    def cache_at(self, req: Request, kind: str) -> bool:
-        return kind == STOP or req.computed % self.block_units == 0
+    @classmethod
+    def pool_shape(
+        cls, budget: int, kv_unit_bytes: int, profile: ModelProfile, unit_tokens: int
+    ) -> tuple[int, int, int]:
+        """(blocks, block in units, blocks per state) of a `budget`-byte pool: a block
+        holds a block of KV (one attention group); a state takes one block per Mamba
+        group. One block is vLLM's null block (``block_pool.py:184-187``)."""
+        block = cls.block_units(profile, unit_tokens)
+        block_bytes = block * kv_unit_bytes
+        groups = max(1, -(-profile.vllm_state_bytes // block_bytes))
+        return budget // block_bytes - 1, block, groups
 
+    def tree_page(self, profile: ModelProfile, unit_tokens: int) -> int:
+        """vLLM's block: the tree shares KV in whole blocks, as vLLM's block hashes do."""
+        return self.block_units(profile, unit_tokens)
 
-class VLLMAll(VLLM):
-    """vLLM 0.20.0 `mamba_cache_mode="all"`: the kernels write a state at every
-    block boundary the prefill or the decode passes; all are cached, the
-    partial last block is not. The block is 0.20.0's, aligned to the Mamba
-    chunk (`vllm_all_block_tokens`). For an architecture 0.20.0 does not mark
-    `SupportsMambaPrefixCaching` (Qwen3-Next, and the `marconi-7b` simulator
-    profile) vLLM falls back to "align", and so does this policy. Departures:
-    as `VLLM`'s (the module docstring)."""
+    def build_memory(
+        self, budget: int, kv_unit_bytes: int, profile: ModelProfile, unit_tokens: int
+    ) -> tuple[PoolKV, PoolSlots]:
+        """The KV and state allocators over one block pool of `budget` bytes."""
+        blocks, block, groups = self.pool_shape(budget, kv_unit_bytes, profile, unit_tokens)
+        if blocks < 1:
+            raise ValueError(f"{budget / 1e9:g} GB holds no vLLM block of {block} units")
+        self.pool = BlockPool(blocks)
+        self.pool.evict = self._evicted
+        self.kv, self.slots = PoolKV(self.pool, block), PoolSlots(self.pool, groups)
+        return self.kv, self.slots
 
-    name = "vllm-all"
+    # ----------------------------------------------------------------- setup
 
     def attach(self, ctx: PolicyContext) -> None:
-        geom = ctx.profile.geometry
-        self.all_mode = geom is None or geom.architecture in ALL_MODE_ARCHITECTURES
         super().attach(ctx)
+        profile, unit = ctx.profile, ctx.unit_tokens
+        self.block = self.block_units(profile, unit)
+        self.decode_interval = self.block
+        self.chunk = ctx.budget_units or ctx.chunk_units  # vLLM's max_num_batched_tokens
+        geom = profile.geometry
+        self.alignment = vllm_block(geom).checkpoint_alignment if geom is not None else 1
+        if self.alignment is not None and self.alignment > 1:  # the GDN grid is the block
+            self.alignment = self.block
+        self.interval = self._interval_units(profile, unit)
+        self.runs: dict[Request, _Run] = {}
+        # A KV block hash is cached while some copy of it is held or queued in the pool
+        # (vLLM keeps a second copy of a recomputed block, ``block_pool.py:36-56``); the
+        # tree holds one page per hash it holds, whichever copy that was.
+        self.page_hash: dict[int, int] = {}  # pool copy (held or queued) -> its hash
+        self.hash_pages: dict[int, dict[int, None]] = {}  # hash -> its copies, oldest first
+        self.tree_page: dict[int, int] = {}  # hash -> the page the tree holds it on
+        self.tree_hash: dict[int, int] = {}  # the reverse
+        self.slot_node: dict[int, TreeNode] = {}
+        assert ctx.tree is not None and self.pool is not None, "build_memory, then attach"
+        self.tree = ctx.tree
+        self.tree.add_listener(_SlotMap(self.slot_node))
 
-    def block_tokens(self, profile: ModelProfile) -> int:
-        return profile.vllm_all_block_tokens if self.all_mode else profile.vllm_block_tokens
+    def _interval_units(self, profile: ModelProfile, unit: int) -> int | None:
+        """The retention interval in units (0 sparse, None dense); ValueError when it is
+        not a multiple of vLLM's block (``kv_cache_coordinator.py:58-63``)."""
+        n = self.retention
+        if not n:
+            return n
+        if n % profile.vllm_block_tokens:
+            raise ValueError(
+                f"retention {n} must be a multiple of vLLM's block "
+                f"({profile.vllm_block_tokens} tokens for {profile.name})"
+            )
+        every = n // profile.vllm_block_tokens * self.block
+        return None if every <= self.block else every  # one block: every state
+
+    # ------------------------------------------------------------- decisions
 
     def stops(self, req: Request) -> list[int]:
-        if not self.all_mode:
-            return super().stops(req)
-        b = self.block_units
-        return list(range((req.computed // b + 1) * b, req.total_len, b))
+        plan = self._plan(req)
+        self._plans[id(req)] = plan
+        return plan.stops
+
+    def _plan(self, req: Request) -> _Plan:
+        b, n, prompt, hit = self.block, req.total_len, len(req.input_ids), req.prefix_len
+        junction = self._junction(req, hit)
+        ends = prefill_steps(hit, prompt, n, b, self.chunk, junction, self.alignment)
+        starts = [hit, *ends[:-1]]
+        sparse = self.retention == 0
+        exported = {
+            step_checkpoint(s, e, prompt, n, b, self.alignment, sparse)
+            for s, e in zip(starts, ends, strict=True)
+        } - {0}
+        have = {e for e in ends if e % b == 0} | exported
+        replay = checkpoint_position(prompt, b)
+        kept = {p for p in have if p > hit and self._keeps(p, replay, junction)}
+        stops = sorted(({e for e in ends if e < n} | (kept & exported)) - {0})
+        return _Plan(hit, junction, ends, kept, stops)
+
+    def _keeps(self, position: int, replay: int, junction: int) -> bool:
+        if self.interval is None or position in (replay, junction):
+            return True
+        return bool(self.interval) and position % self.interval == 0
+
+    def _junction(self, req: Request, hit: int) -> int:
+        """The KV hit capped at ``tokens - 1`` and floored to the block, when it runs past
+        the state hit (vLLM's ``shared_prefix_boundary``), else 0."""
+        cap = checkpoint_position(req.total_len, self.block) // self.block
+        tokens, b, h, reach = req.tokens, self.block, 0, 0
+        while reach < cap:
+            h = _chain(h, tokens, reach, b)
+            if h not in self.hash_pages:
+                break
+            reach += 1
+        return reach * b if reach * b > hit else 0
+
+    def cache_at(self, req: Request, kind: str) -> bool:
+        run = self.runs.get(req)
+        if run is None:
+            return False
+        p = req.computed
+        self._record(req, run)
+        if kind == DECODED or kind == PROMPT_END:
+            keep = p % self.block == 0 and self._keeps_later(p)
+            self._boundary(run, p, p + 1, keep)
+        else:
+            keep = p in run.plan.kept
+            later = [e for e in run.plan.ends if e > p]
+            if later and p in run.plan.ends:  # a vLLM step boundary (not an exported state)
+                self._boundary(run, p, later[0], keep)
+        return keep
+
+    def _keeps_later(self, position: int) -> bool:
+        """A state at or after the prompt end is kept only by interval retention."""
+        return self.interval is None or bool(self.interval and position % self.interval == 0)
+
+    def _boundary(self, run: _Run, end: int, next_end: int, keep: bool) -> None:
+        """vLLM starts the step ``[end, next_end)`` (``MambaManager.remove_skipped_blocks``
+        and ``allocate_new_blocks``, 1629-1657, 1797-1923): the request's state blocks
+        before the block holding the state at `end` are let go (kept ones cached), and if
+        the step writes its state into a new block, the block holding the state at `end`
+        stays held beside it. Ours has one running slot for the whole request: that
+        block gets a stand-in (`_hold_previous`), unless the state at `end` is kept: its
+        copy stands in (or, if the tree had it already, `on_cached` holds the stand-in)."""
+        b = self.block
+        self._release_states(run, upto=(end - 1) // b * b)
+        self._drop_previous(run)
+        if (next_end - 1) // b != (end - 1) // b:
+            if keep:
+                run.previous_at = end
+            else:
+                self._hold_previous(run, end)
+
+    def _hold_previous(self, run: _Run, end: int) -> None:
+        assert self.pool is not None and self.slots is not None
+        keys = [("prev", id(run), g) for g in range(self.slots.groups)]
+        if self.pool.can_take(len(keys)) and self.pool.reserve(len(keys)):
+            self.pool.hold(keys)
+            run.previous, run.previous_at = keys, end
+
+    def _drop_previous(self, run: _Run) -> None:
+        assert self.pool is not None
+        for key in run.previous:
+            self.pool.release(key)
+        run.previous = []
+
+    def on_admitted(self, req: Request) -> None:
+        stale = self.runs.pop(req, None)
+        if stale is not None:  # retracted without the scheduler telling us
+            self._release_run(stale, req)
+        plan = self._plans.pop(id(req), None) or self._plan(req)
+        run = self.runs[req] = _Run(plan)
+        assert self.pool is not None and self.slots is not None
+        b = self.block
+        h, tokens = 0, req.tokens
+        for i in range(0, plan.hit, b):  # a hit references its blocks (block_pool.py:862-880)
+            page = int(req.prefix_kv[i]) // b
+            h = _chain(h, tokens, i // b, b)
+            # vLLM's hit references the oldest cached copy of each block hash
+            # (``BlockHashToBlockMap.get_one_block``), whichever page the tree holds
+            copy = next(iter(self.hash_pages[h])) if h in self.hash_pages else page
+            self.pool.touch(("kv", copy))
+            run.pages.append(copy)
+            run.hashes.append(h)
+        node = req.node
+        if plan.hit and node is not None and node.state is not None:
+            for key in self.slots.keys(node.state):
+                self.pool.touch(key)
+            run.pending.append((plan.hit, node.state))
+
+    def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
+        run = self.runs.get(req)
+        if run is None:
+            return
+        self._tree_pages(req, run)
+        if node is not None and node.state is not None:
+            run.pending.append((req.computed, node.state))
+        elif req.computed == run.previous_at and not run.previous:
+            self._hold_previous(run, req.computed)  # no copy taken: the stand-in is due
+
+    def insert_at_finish(self, req: Request) -> bool:
+        """Nothing is inserted (vLLM keeps no state at the end); the request's blocks
+        are released in vLLM's order (``kv_cache_manager.py:668-676``)."""
+        run = self.runs.pop(req, None)
+        if run is not None:
+            self._release_run(run, req)
+        return False
+
+    def on_abort(self, req: Request) -> None:
+        """A retracted or dropped request: vLLM frees a preempted request's blocks as a
+        finished one's (``scheduler.py:1799-1843``)."""
+        self.insert_at_finish(req)
+
+    # ------------------------------------------------------------ bookkeeping
+
+    def _record(self, req: Request, run: _Run) -> None:
+        """The request's own KV pages up to `computed`, read before a checkpoint makes
+        its row point at the tree's copies; hashes of its full blocks."""
+        b, rows = self.block, self.ctx.rows
+        assert rows is not None and req.row is not None
+        for start in range(len(run.pages) * b, req.computed, b):
+            run.pages.append(int(rows.read(req.row, start, start + 1)[0]) // b)
+        tokens = req.tokens
+        for j in range(len(run.hashes), req.computed // b):
+            h = _chain(run.hashes[-1] if run.hashes else 0, tokens, j, b)
+            run.hashes.append(h)
+            self._hash(run.pages[j], h)
+
+    def _hash(self, page: int, h: int) -> None:
+        self.page_hash[page] = h
+        self.hash_pages.setdefault(h, {})[page] = None
+
+    def _unhash(self, page: int) -> bool:
+        """Forget a pool copy; True if it was its hash's last."""
+        h = self.page_hash.pop(page, None)
+        if h is None:
+            return False
+        pages = self.hash_pages[h]
+        del pages[page]
+        if pages:
+            return False
+        del self.hash_pages[h]
+        return True
+
+    def _tree_pages(self, req: Request, run: _Run) -> None:
+        """After a checkpoint the request's row holds the tree's pages up to it: note
+        which page the tree holds each block hash on."""
+        b, rows = self.block, self.ctx.rows
+        assert rows is not None and req.row is not None
+        for j in range(min(req.prefix_len // b, len(run.hashes))):
+            page = int(rows.read(req.row, j * b, j * b + 1)[0]) // b
+            h = run.hashes[j]
+            self.tree_page[h] = page
+            self.tree_hash[page] = h
+
+    def _release_states(self, run: _Run, upto: int) -> None:
+        """Kept states at or before `upto`: cached, group by group, the later state first
+        within a group (``_remove_blocks_in_range``, 1608-1627)."""
+        done = sorted((s for s in run.pending if s[0] <= upto), reverse=True)
+        if done:
+            run.pending = [s for s in run.pending if s[0] > upto]
+            self._cache_states(done)
+
+    def _cache_states(self, states: list[tuple[int, int]]) -> None:
+        assert self.pool is not None and self.slots is not None
+        for g in range(self.slots.groups):
+            for _, slot in states:
+                self.pool.cache(("st", slot, g))
+
+    def _release_run(self, run: _Run, req: Request) -> None:
+        """All of a request's blocks, as ``KVCacheManager.free``: the attention group's
+        tail first (full blocks cached, the partial one freed), then each Mamba group's
+        kept states not yet released."""
+        assert self.pool is not None and self.kv is not None
+        if req.row is not None:
+            self._record(req, run)
+        full = len(run.hashes)
+        for j in range(len(run.pages) - 1, -1, -1):
+            page = run.pages[j]
+            if j < full:
+                self.pool.cache(("kv", page))
+            else:
+                self.pool.release(("kv", page))
+                self._unhash(page)
+                self.kv.page_released(page)
+        self._cache_states(sorted(run.pending, reverse=True))
+        run.pending = []
+        self._drop_previous(run)
+
+    # -------------------------------------------------------------- eviction
+
+    def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
+        """The lifecycle found too little memory: the pool already popped every cached
+        block it could (allocations pop as they go), so there is nothing to evict."""
+        return EvictResult(0, 0, array("q"), [])
+
+    def _evicted(self, key: Hashable) -> bool:
+        """The pool popped `key` from its queue: remove what it held from the tree.
+        False for a block the tree has locked (vLLM's running request holds it)."""
+        assert isinstance(key, tuple)
+        if key[0] == "kv":
+            return self._evicted_page(int(key[1]))
+        return self._evicted_state(int(key[1]))
+
+    def _evicted_state(self, slot: int) -> bool:
+        assert self.slots is not None
+        node = self.slot_node.get(slot)
+        if node is None:  # a state already gone: a leftover group block
+            self.slots.slot_released(slot)
+            return True
+        if node.st.lock or (not node.children and node.kv.lock):
+            return False
+        self._free(self.tree.evict_state_of(node))
+        return True
+
+    def _evicted_page(self, page: int) -> bool:
+        """A KV block copy is evicted. The tree loses the block when its hash's last copy
+        goes: every state at or below it is unreachable then."""
+        assert self.kv is not None
+        h = self.page_hash.get(page)
+        if h is not None and list(self.hash_pages[h]) == [page]:
+            tree_page = self.tree_page.get(h)
+            held = tree_page is not None and self.tree_hash.get(tree_page) == h
+            if held and self.kv.owned_on(tree_page):  # type: ignore[arg-type]
+                if self._page_locked(tree_page):  # type: ignore[arg-type]
+                    return False
+                self._evict_below(tree_page)  # type: ignore[arg-type]
+            self.tree_page.pop(h, None)
+        self._unhash(page)
+        self.kv.page_released(page)
+        return True
+
+    def _nodes_on(self, page: int) -> Iterator[TreeNode]:
+        b = self.block
+        stack = list(self.tree.root.children.values())
+        while stack:
+            node = stack.pop()
+            if any(int(i) // b == page for i in node.value):
+                yield node
+            stack.extend(node.children.values())
+
+    def _page_locked(self, page: int) -> bool:
+        return any(node.kv.lock for node in self._nodes_on(page))
+
+    def _evict_below(self, page: int) -> None:
+        """A KV block the tree holds is gone: every state at or below it is unreachable."""
+        for top in list(self._nodes_on(page)):
+            below, stack = [], [top]
+            while stack:
+                node = stack.pop()
+                if node.state is not None:
+                    below.append(node)
+                stack.extend(node.children.values())
+            for node in sorted(below, key=_depth, reverse=True):
+                if node.parent is not None and node.state is not None:
+                    self._free(self.tree.evict_state_of(node))
+
+    def _free(self, r: EvictResult) -> None:
+        """Return what the tree let go of to the allocators (``CacheManager._release``)."""
+        assert self.kv is not None and self.slots is not None
+        if r.freed_kv:
+            self.kv.free(r.freed_kv)
+        if r.freed_states:
+            self.slots.free(r.freed_states)
+        cache = self.ctx.cache
+        if cache is not None:
+            cache.evictions["kv_tokens"] += len(r.freed_kv)
+            cache.evictions["states"] += len(r.freed_states)
+
+
+def _depth(node: TreeNode) -> int:
+    d, x = 0, node
+    while x.parent is not None:
+        d, x = d + len(x.key), x.parent
+    return d
+
+
+def _chain(parent: int, tokens: array[int], j: int, block: int) -> int:
+    """The hash of block `j` of `tokens`, chained on its parent's: it covers the whole
+    prefix, as vLLM's ``hash_block_tokens`` (``kv_cache_utils.py:953-1041``)."""
+    return hash((parent, tuple(tokens[j * block : (j + 1) * block])))
+
+
+class _SlotMap:
+    """Tree listener: the node holding each state slot (a node may have lost its state
+    by the time ``state_removed`` is called, so the map is kept both ways)."""
+
+    def __init__(self, table: dict[int, TreeNode]) -> None:
+        self.table = table
+        self.slot_of: dict[TreeNode, int] = {}
+
+    def node_added(self, node: TreeNode) -> None:
+        pass
+
+    def node_split(self, upper: TreeNode, lower: TreeNode) -> None:
+        pass
+
+    def node_removed(self, node: TreeNode) -> None:
+        pass
+
+    def state_added(self, node: TreeNode) -> None:
+        assert node.state is not None
+        self.table[node.state] = node
+        self.slot_of[node] = node.state
+
+    def state_removed(self, node: TreeNode) -> None:
+        slot = self.slot_of.pop(node, None)
+        if slot is not None:
+            del self.table[slot]
+
+    def tree_reset(self) -> None:
+        self.table.clear()
+        self.slot_of.clear()
