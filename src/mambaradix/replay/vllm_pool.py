@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 __all__ = ["BlockPool", "PoolKV", "PoolSlots"]
@@ -76,7 +76,7 @@ class BlockPool:
         self._requeue_front(skipped)
         return True
 
-    def hold(self, keys: list[Key]) -> None:
+    def hold(self, keys: Sequence[Key]) -> None:
         """Hold `keys` (not in the pool yet) on free blocks (`reserve` them first)."""
         if len(keys) > self.free:
             raise AssertionError(f"{len(keys)} blocks held with {self.free} free")

@@ -14,6 +14,9 @@ our own policy live in `mambaradix.replay.policies`):
                         instead of the prompt end (an identical re-sent prompt
                         then hits, SGLang #22935)
 
+A policy may also have ``on_abort(req)``: the scheduler calls it before an
+admitted request gives everything back unfinished (retracted or dropped).
+
 With the `extra_buffer` strategy the positions come from the tracking rule
 (chunk-aligned, in the strategy), so `stops` is not consulted; `cache_at`
 still decides whether a tracked state is kept at a chunk end.
@@ -59,11 +62,6 @@ class CheckpointPolicy(Protocol):
         `node` holds the state (None if the tree already had one there)."""
         ...
 
-    def on_abort(self, req: Request) -> None:
-        """The admitted request is about to give everything back unfinished
-        (retracted or dropped)."""
-        ...
-
 
 class SGLangCheckpoints:
     """SGLang 0.5.15.post1's checkpoints (see the module docstring)."""
@@ -83,9 +81,6 @@ class SGLangCheckpoints:
         pass
 
     def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
-        pass
-
-    def on_abort(self, req: Request) -> None:
         pass
 
 

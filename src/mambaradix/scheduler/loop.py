@@ -122,10 +122,16 @@ class Scheduler:
             if seq in queue:
                 queue.remove(seq)
         if seq.req.admitted:
-            self.checkpoints.on_abort(seq.req)
+            self._on_abort(seq)
         if seq.req.admitted or seq.req.node is not None:
             self.cache.abort(seq.req)
         seq.status = ABORTED
+
+    def _on_abort(self, seq: Sequence) -> None:
+        """Tell a policy that has the optional hook (see `checkpoints`)."""
+        hook = getattr(self.checkpoints, "on_abort", None)
+        if hook is not None:
+            hook(seq.req)
 
     @property
     def busy(self) -> bool:
@@ -430,7 +436,7 @@ class Scheduler:
         """Retract: give the memory back and queue the sequence again (its
         outputs so far are kept and prefilled again with its prompt)."""
         seq.retracted_tokens += seq.admission_prefill
-        self.checkpoints.on_abort(seq.req)
+        self._on_abort(seq)
         self.cache.abort(seq.req)
         seq.retractions += 1
         seq.stops = []

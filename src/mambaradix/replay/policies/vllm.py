@@ -102,7 +102,7 @@ class _Run:
     pages: list[int] = field(default_factory=list)  # KV page of each block, hit ones first
     hashes: list[int] = field(default_factory=list)  # block hashes of pages[:len(hashes)]
     pending: list[tuple[int, int]] = field(default_factory=list)  # (position, slot) held
-    previous: list[Hashable] = field(default_factory=list)  # stand-in blocks (`_boundary`)
+    previous: list[tuple[str, int, int]] = field(default_factory=list)  # (`_boundary`)
     previous_at: int = -1  # the position whose state they stand for
 
 
@@ -177,8 +177,8 @@ class VLLM(Policy):
         # tree holds one page per hash it holds, whichever copy that was.
         self.page_hash: dict[int, int] = {}  # pool copy (held or queued) -> its hash
         self.hash_pages: dict[int, dict[int, None]] = {}  # hash -> its copies, oldest first
-        self.tree_page: dict[int, int] = {}  # hash -> the page the tree holds it on
-        self.tree_hash: dict[int, int] = {}  # the reverse
+        self.tree_copy: dict[int, int] = {}  # hash -> the page the tree holds it on
+        self.tree_copy_hash: dict[int, int] = {}  # the reverse
         self.slot_node: dict[int, TreeNode] = {}
         assert ctx.tree is not None and self.pool is not None, "build_memory, then attach"
         self.tree = ctx.tree
@@ -244,7 +244,7 @@ class VLLM(Policy):
             return False
         p = req.computed
         self._record(req, run)
-        if kind == DECODED or kind == PROMPT_END:
+        if kind in (DECODED, PROMPT_END):
             keep = p % self.block == 0 and self._keeps_later(p)
             self._boundary(run, p, p + 1, keep)
         else:
@@ -374,8 +374,8 @@ class VLLM(Policy):
         for j in range(min(req.prefix_len // b, len(run.hashes))):
             page = int(rows.read(req.row, j * b, j * b + 1)[0]) // b
             h = run.hashes[j]
-            self.tree_page[h] = page
-            self.tree_hash[page] = h
+            self.tree_copy[h] = page
+            self.tree_copy_hash[page] = h
 
     def _release_states(self, run: _Run, upto: int) -> None:
         """Kept states at or before `upto`: cached, group by group, the later state first
@@ -443,13 +443,16 @@ class VLLM(Policy):
         assert self.kv is not None
         h = self.page_hash.get(page)
         if h is not None and list(self.hash_pages[h]) == [page]:
-            tree_page = self.tree_page.get(h)
-            held = tree_page is not None and self.tree_hash.get(tree_page) == h
-            if held and self.kv.owned_on(tree_page):  # type: ignore[arg-type]
-                if self._page_locked(tree_page):  # type: ignore[arg-type]
+            tree_page = self.tree_copy.get(h)
+            if (
+                tree_page is not None
+                and self.tree_copy_hash.get(tree_page) == h
+                and self.kv.owned_on(tree_page)
+            ):
+                if self._page_locked(tree_page):
                     return False
-                self._evict_below(tree_page)  # type: ignore[arg-type]
-            self.tree_page.pop(h, None)
+                self._evict_below(tree_page)
+            self.tree_copy.pop(h, None)
         self._unhash(page)
         self.kv.page_released(page)
         return True
