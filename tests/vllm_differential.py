@@ -123,8 +123,8 @@ def upstream_hits(stream: Stream, setup: Setup, num_blocks: int) -> list[int | N
     return [vllm.serve(p, o) for p, o in stream]
 
 
-def our_model(stream: Stream, setup: Setup, num_blocks: int, policy: str = "vllm") -> ServingModel:
-    from mambaradix.replay.policies import make_policy
+def our_model(stream: Stream, setup: Setup, num_blocks: int) -> ServingModel:
+    from mambaradix.replay.policies import VLLM
 
     reqs = [
         TraceRequest(i, 0, float(i), array("q", p), array("q", o), len(p), len(o))
@@ -136,15 +136,14 @@ def our_model(stream: Stream, setup: Setup, num_blocks: int, policy: str = "vllm
         sequential=True,
         chunk_tokens=setup.chunk,
     )
-    model = ServingModel(Trace("differential", reqs), setup.profile(), make_policy(policy), cfg)
+    policy = VLLM(setup.retention, checkpoint_alignment=setup.alignment)
+    model = ServingModel(Trace("differential", reqs), setup.profile(), policy, cfg)
     model.run()
     return model
 
 
 def our_hits(stream: Stream, setup: Setup, num_blocks: int) -> list[int | None]:
-    from mambaradix.replay.policies.vllm import retention_name
-
-    model = our_model(stream, setup, num_blocks, retention_name(setup.retention))
+    model = our_model(stream, setup, num_blocks)
     hits: list[int | None] = [None] * len(stream)
     for o in model.outcomes:
         hits[o.request] = o.cached_units

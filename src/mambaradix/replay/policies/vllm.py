@@ -34,7 +34,7 @@ memory they take. Departures: docs/vllm-baseline.md.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -50,7 +50,7 @@ from mambaradix.replay.policies.vllm_split import (
     step_checkpoint,
 )
 from mambaradix.replay.vllm_pool import BlockPool, PoolKV, PoolSlots
-from mambaradix.scheduler import DECODED, PROMPT_END
+from mambaradix.scheduler import DECODED, FINISH, PROMPT_END
 
 if TYPE_CHECKING:
     from mambaradix.replay.models import ModelProfile
@@ -104,6 +104,7 @@ class _Run:
     pending: list[tuple[int, int]] = field(default_factory=list)  # (position, slot) held
     previous: list[tuple[str, int, int]] = field(default_factory=list)  # (`_boundary`)
     previous_at: int = -1  # the position whose state they stand for
+    finish_at: int = 0  # the position of a state kept at the end (interval retention)
 
 
 class VLLM(Policy):
@@ -112,8 +113,21 @@ class VLLM(Policy):
     name = "vllm"
     finish_insert = False
 
-    def __init__(self, retention: int | None = 0) -> None:
+    def __init__(self, retention: int | None = 0, checkpoint_alignment: int | None = -1) -> None:
+        """`checkpoint_alignment`: the Mamba layers' prefill checkpoint alignment (None:
+        they export none); -1 (default) takes it from the profile's geometry
+        (`geometry.vllm.VllmBlock.checkpoint_alignment`; 1, Mamba2's, without one)."""
         self.retention = parse_retention(retention)
+        if checkpoint_alignment is not None and (
+            isinstance(checkpoint_alignment, bool)
+            or not isinstance(checkpoint_alignment, int)
+            or checkpoint_alignment < -1
+            or checkpoint_alignment == 0
+        ):
+            raise ValueError(
+                f"checkpoint_alignment must be None, -1 or >= 1, got {checkpoint_alignment!r}"
+            )
+        self.checkpoint_alignment = checkpoint_alignment
         self.name = retention_name(self.retention)
         self.pool: BlockPool | None = None
         self.kv: PoolKV | None = None
@@ -166,10 +180,7 @@ class VLLM(Policy):
         self.block = self.block_units(profile, unit)
         self.decode_interval = self.block
         self.chunk = ctx.budget_units or ctx.chunk_units  # vLLM's max_num_batched_tokens
-        geom = profile.geometry
-        self.alignment = vllm_block(geom).checkpoint_alignment if geom is not None else 1
-        if self.alignment is not None and self.alignment > 1:  # the GDN grid is the block
-            self.alignment = self.block
+        self.alignment = self._alignment(profile)
         self.interval = self._interval_units(profile, unit)
         self.runs: dict[Request, _Run] = {}
         # A KV block hash is cached while some copy of it is held or queued in the pool
@@ -179,10 +190,20 @@ class VLLM(Policy):
         self.hash_pages: dict[int, dict[int, None]] = {}  # hash -> its copies, oldest first
         self.tree_copy: dict[int, int] = {}  # hash -> the page the tree holds it on
         self.tree_copy_hash: dict[int, int] = {}  # the reverse
-        self.slot_node: dict[int, TreeNode] = {}
         assert ctx.tree is not None and self.pool is not None, "build_memory, then attach"
         self.tree = ctx.tree
-        self.tree.add_listener(_SlotMap(self.slot_node))
+        self.index = _TreeIndex(self.block)
+        self.tree.add_listener(self.index)
+
+    def _alignment(self, profile: ModelProfile) -> int | None:
+        """The checkpoint alignment in units (the GDN grid is the block)."""
+        align = self.checkpoint_alignment
+        if align == -1:
+            geom = profile.geometry
+            align = vllm_block(geom).checkpoint_alignment if geom is not None else 1
+        if align is not None and align > 1:
+            return self.block
+        return align
 
     def _interval_units(self, profile: ModelProfile, unit: int) -> int | None:
         """The retention interval in units (0 sparse, None dense); ValueError when it is
@@ -291,7 +312,7 @@ class VLLM(Policy):
     def on_admitted(self, req: Request) -> None:
         stale = self.runs.pop(req, None)
         if stale is not None:  # retracted without the scheduler telling us
-            self._release_run(stale, req)
+            self._release_run(stale, req, 0)
         plan = self._plans.pop(id(req), None) or self._plan(req)
         run = self.runs[req] = _Run(plan)
         assert self.pool is not None and self.slots is not None
@@ -316,6 +337,9 @@ class VLLM(Policy):
         run = self.runs.get(req)
         if run is None:
             return
+        if kind == FINISH:
+            self._finished(req, run, node)
+            return
         self._tree_pages(req, run)
         if node is not None and node.state is not None:
             run.pending.append((req.computed, node.state))
@@ -323,17 +347,26 @@ class VLLM(Policy):
             self._hold_previous(run, req.computed)  # no copy taken: the stand-in is due
 
     def insert_at_finish(self, req: Request) -> bool:
-        """Nothing is inserted (vLLM keeps no state at the end); the request's blocks
-        are released in vLLM's order (``kv_cache_manager.py:668-676``)."""
-        run = self.runs.pop(req, None)
-        if run is not None:
-            self._release_run(run, req)
+        """vLLM keeps no state at the end unless its interval retention keeps the block
+        boundary the request ends on (its running state there is cached); the
+        request's blocks are released in vLLM's order (``kv_cache_manager.py:668-676``)."""
+        run = self.runs.get(req)
+        if run is None:
+            return False
+        p = req.computed
+        if p % self.block == 0 and p > req.prefix_len and self._keeps_later(p):
+            self._record(req, run)
+            run.finish_at = p
+            return True  # released in on_cached, once the tree holds the state
+        del self.runs[req]
+        self._release_run(run, req, p)
         return False
-
     def on_abort(self, req: Request) -> None:
         """A retracted or dropped request: vLLM frees a preempted request's blocks as a
         finished one's (``scheduler.py:1799-1843``)."""
-        self.insert_at_finish(req)
+        run = self.runs.pop(req, None)
+        if run is not None:
+            self._release_run(run, req, req.computed)
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -377,6 +410,19 @@ class VLLM(Policy):
             self.tree_copy[h] = page
             self.tree_copy_hash[page] = h
 
+    def _finished(self, req: Request, run: _Run, node: TreeNode | None) -> None:
+        """The tree took the finished request's blocks and its state at `finish_at`: its
+        own pages are the tree's where the tree did not have the block."""
+        del self.runs[req]
+        for j, h in enumerate(run.hashes):
+            page = run.pages[j]
+            if self._tree_node(h) is None and self.index.page_node.get(page) is not None:
+                self.tree_copy[h] = page
+                self.tree_copy_hash[page] = h
+        if node is not None and node.state is not None:
+            run.pending.append((run.finish_at, node.state))
+        self._release_run(run, req, run.finish_at)
+
     def _release_states(self, run: _Run, upto: int) -> None:
         """Kept states at or before `upto`: cached, group by group, the later state first
         within a group (``_remove_blocks_in_range``, 1608-1627)."""
@@ -391,13 +437,19 @@ class VLLM(Policy):
             for _, slot in states:
                 self.pool.cache(("st", slot, g))
 
-    def _release_run(self, run: _Run, req: Request) -> None:
+    def _release_run(self, run: _Run, req: Request, computed: int) -> None:
         """All of a request's blocks, as ``KVCacheManager.free``: the attention group's
         tail first (full blocks cached, the partial one freed), then each Mamba group's
-        kept states not yet released."""
+        kept states not yet released. Kept states its last step had let go of already
+        (a decode step past them) come first."""
         assert self.pool is not None and self.kv is not None
         if req.row is not None:
             self._record(req, run)
+        if computed > run.plan.ends[-1]:  # it decoded: the last step started at computed - 1
+            last_start = computed - 1
+        else:
+            last_start = max((e for e in run.plan.ends if e < computed), default=run.plan.hit)
+        self._release_states(run, upto=(last_start - 1) // self.block * self.block)
         full = len(run.hashes)
         for j in range(len(run.pages) - 1, -1, -1):
             page = run.pages[j]
@@ -428,7 +480,7 @@ class VLLM(Policy):
 
     def _evicted_state(self, slot: int) -> bool:
         assert self.slots is not None
-        node = self.slot_node.get(slot)
+        node = self.index.slot_node.get(slot)
         if node is None:  # a state already gone: a leftover group block
             self.slots.slot_released(slot)
             return True
@@ -443,44 +495,34 @@ class VLLM(Policy):
         assert self.kv is not None
         h = self.page_hash.get(page)
         if h is not None and list(self.hash_pages[h]) == [page]:
-            tree_page = self.tree_copy.get(h)
-            if (
-                tree_page is not None
-                and self.tree_copy_hash.get(tree_page) == h
-                and self.kv.owned_on(tree_page)
-            ):
-                if self._page_locked(tree_page):
+            node = self._tree_node(h)
+            if node is not None:
+                if node.kv.lock:
                     return False
-                self._evict_below(tree_page)
+                self._evict_below(node)
             self.tree_copy.pop(h, None)
         self._unhash(page)
         self.kv.page_released(page)
         return True
 
-    def _nodes_on(self, page: int) -> Iterator[TreeNode]:
-        b = self.block
-        stack = list(self.tree.root.children.values())
+    def _tree_node(self, h: int) -> TreeNode | None:
+        """The tree node holding the block of hash `h`, if the tree holds it."""
+        page = self.tree_copy.get(h)
+        if page is None or self.tree_copy_hash.get(page) != h:
+            return None
+        return self.index.page_node.get(page)
+
+    def _evict_below(self, top: TreeNode) -> None:
+        """A KV block the tree holds is gone: every state at or below it is unreachable."""
+        below, stack = [], [top]
         while stack:
             node = stack.pop()
-            if any(int(i) // b == page for i in node.value):
-                yield node
+            if node.state is not None:
+                below.append(node)
             stack.extend(node.children.values())
-
-    def _page_locked(self, page: int) -> bool:
-        return any(node.kv.lock for node in self._nodes_on(page))
-
-    def _evict_below(self, page: int) -> None:
-        """A KV block the tree holds is gone: every state at or below it is unreachable."""
-        for top in list(self._nodes_on(page)):
-            below, stack = [], [top]
-            while stack:
-                node = stack.pop()
-                if node.state is not None:
-                    below.append(node)
-                stack.extend(node.children.values())
-            for node in sorted(below, key=_depth, reverse=True):
-                if node.parent is not None and node.state is not None:
-                    self._free(self.tree.evict_state_of(node))
+        for node in sorted(below, key=_depth, reverse=True):
+            if node.parent is not None and node.state is not None:
+                self._free(self.tree.evict_state_of(node))
 
     def _free(self, r: EvictResult) -> None:
         """Return what the tree let go of to the allocators (``CacheManager._release``)."""
@@ -508,33 +550,45 @@ def _chain(parent: int, tokens: array[int], j: int, block: int) -> int:
     return hash((parent, tuple(tokens[j * block : (j + 1) * block])))
 
 
-class _SlotMap:
-    """Tree listener: the node holding each state slot (a node may have lost its state
-    by the time ``state_removed`` is called, so the map is kept both ways)."""
+class _TreeIndex:
+    """Tree listener: the node holding each state slot and each KV page (the tree's
+    pages are vLLM's blocks). A node may have lost its state by the time
+    ``state_removed`` is called, so the state map is kept both ways."""
 
-    def __init__(self, table: dict[int, TreeNode]) -> None:
-        self.table = table
-        self.slot_of: dict[TreeNode, int] = {}
+    def __init__(self, block: int) -> None:
+        self.block = block
+        self.slot_node: dict[int, TreeNode] = {}
+        self.page_node: dict[int, TreeNode] = {}
+        self._slot_of: dict[TreeNode, int] = {}
+
+    def _pages(self, node: TreeNode) -> list[int]:
+        b = self.block
+        return [int(node.value[k]) // b for k in range(0, len(node.value), b)]
 
     def node_added(self, node: TreeNode) -> None:
-        pass
+        for page in self._pages(node):
+            self.page_node[page] = node
 
     def node_split(self, upper: TreeNode, lower: TreeNode) -> None:
-        pass
+        for page in self._pages(upper):
+            self.page_node[page] = upper
 
     def node_removed(self, node: TreeNode) -> None:
-        pass
+        for page in self._pages(node):
+            if self.page_node.get(page) is node:
+                del self.page_node[page]
 
     def state_added(self, node: TreeNode) -> None:
         assert node.state is not None
-        self.table[node.state] = node
-        self.slot_of[node] = node.state
+        self.slot_node[node.state] = node
+        self._slot_of[node] = node.state
 
     def state_removed(self, node: TreeNode) -> None:
-        slot = self.slot_of.pop(node, None)
+        slot = self._slot_of.pop(node, None)
         if slot is not None:
-            del self.table[slot]
+            del self.slot_node[slot]
 
     def tree_reset(self) -> None:
-        self.table.clear()
-        self.slot_of.clear()
+        self.slot_node.clear()
+        self.page_node.clear()
+        self._slot_of.clear()
