@@ -14,7 +14,8 @@ our own policy live in `mambaradix.replay.policies`):
                         instead of the prompt end (an identical re-sent prompt
                         then hits, SGLang #22935)
 
-A policy may also have ``on_abort(req)``: the scheduler calls it before an
+A policy may also have ``before_match(req)``, called before a waiting request
+is looked up (its match may allocate), and ``on_abort(req)``, called before an
 admitted request gives everything back unfinished (retracted or dropped).
 
 With the `extra_buffer` strategy the positions come from the tracking rule

@@ -221,6 +221,9 @@ class Scheduler:
     def _admit_one(self, budget: PrefillBudget, seq: Sequence) -> bool:
         """Match and add one waiting request; False to stop adding."""
         req = seq.req
+        hook = getattr(self.checkpoints, "before_match", None)
+        if hook is not None:
+            hook(req)
         if not self.cache.match(req, req.total_len - 1):
             self.batch_is_full = True  # no slot for its state copy: wait for a finish
             return False

@@ -133,6 +133,7 @@ class VLLM(Policy):
         self.kv: PoolKV | None = None
         self.slots: PoolSlots | None = None
         self._plans: dict[int, _Plan] = {}  # id(request) -> plan made at its match
+        self._reach: dict[int, int] = {}  # id(request) -> its KV reach before its match
 
     # ----------------------------------------------------------------- sizes
 
@@ -221,6 +222,11 @@ class VLLM(Policy):
 
     # ------------------------------------------------------------- decisions
 
+    def before_match(self, req: Request) -> None:
+        """vLLM finds the junction in its lookup, before the step allocates anything
+        (our match may take a slot, evicting as it goes)."""
+        self._reach[id(req)] = self._kv_reach(req)
+
     def stops(self, req: Request) -> list[int]:
         plan = self._plan(req)
         self._plans[id(req)] = plan
@@ -250,6 +256,13 @@ class VLLM(Policy):
     def _junction(self, req: Request, hit: int) -> int:
         """The KV hit capped at ``tokens - 1`` and floored to the block, when it runs past
         the state hit (vLLM's ``shared_prefix_boundary``), else 0."""
+        reach = self._reach.pop(id(req), None)
+        if reach is None:
+            reach = self._kv_reach(req)
+        return reach if reach > hit else 0
+
+    def _kv_reach(self, req: Request) -> int:
+        """How far the request's blocks are cached, capped at ``tokens - 1``."""
         cap = checkpoint_position(req.total_len, self.block) // self.block
         tokens, b, h, reach = req.tokens, self.block, 0, 0
         while reach < cap:
@@ -257,7 +270,7 @@ class VLLM(Policy):
             if h not in self.hash_pages:
                 break
             reach += 1
-        return reach * b if reach * b > hit else 0
+        return reach * b
 
     def cache_at(self, req: Request, kind: str) -> bool:
         run = self.runs.get(req)
