@@ -100,6 +100,7 @@ class _Run:
 
     plan: _Plan
     pages: list[int] = field(default_factory=list)  # KV page of each block, hit ones first
+    untouched: set[int] = field(default_factory=set)  # hit pages the pool no longer had
     hashes: list[int] = field(default_factory=list)  # block hashes of pages[:len(hashes)]
     pending: list[tuple[int, int]] = field(default_factory=list)  # (position, slot) held
     previous: list[tuple[str, int, int]] = field(default_factory=list)  # (`_boundary`)
@@ -195,6 +196,7 @@ class VLLM(Policy):
         self.tree = ctx.tree
         self.index = _TreeIndex(self.block)
         self.tree.add_listener(self.index)
+        self.dead: set[TreeNode] = set()  # evicted by vLLM while our lifecycle locked them
 
     def _alignment(self, profile: ModelProfile) -> int | None:
         """The checkpoint alignment in units (the GDN grid is the block)."""
@@ -206,17 +208,22 @@ class VLLM(Policy):
             return self.block
         return align
 
+    def check_profile(self, profile: ModelProfile) -> None:
+        """ValueError when the retention interval is not a multiple of vLLM's block for
+        this model, as vLLM refuses it (``kv_cache_coordinator.py:58-63``)."""
+        n = self.retention
+        if n and n % profile.vllm_block_tokens:
+            raise ValueError(
+                f"{self.name}: the retention interval {n} must be a multiple of vLLM's block "
+                f"({profile.vllm_block_tokens} tokens for {profile.name})"
+            )
+
     def _interval_units(self, profile: ModelProfile, unit: int) -> int | None:
-        """The retention interval in units (0 sparse, None dense); ValueError when it is
-        not a multiple of vLLM's block (``kv_cache_coordinator.py:58-63``)."""
+        """The retention interval in units (0 sparse, None dense)."""
         n = self.retention
         if not n:
             return n
-        if n % profile.vllm_block_tokens:
-            raise ValueError(
-                f"retention {n} must be a multiple of vLLM's block "
-                f"({profile.vllm_block_tokens} tokens for {profile.name})"
-            )
+        self.check_profile(profile)
         every = n // profile.vllm_block_tokens * self.block
         return None if every <= self.block else every  # one block: every state
 
@@ -225,6 +232,7 @@ class VLLM(Policy):
     def before_match(self, req: Request) -> None:
         """vLLM finds the junction in its lookup, before the step allocates anything
         (our match may take a slot, evicting as it goes)."""
+        self._sweep()
         self._reach[id(req)] = self._kv_reach(req)
 
     def stops(self, req: Request) -> list[int]:
@@ -337,14 +345,19 @@ class VLLM(Policy):
             # vLLM's hit references the oldest cached copy of each block hash
             # (``BlockHashToBlockMap.get_one_block``), whichever page the tree holds
             copy = next(iter(self.hash_pages[h])) if h in self.hash_pages else page
-            self.pool.touch(("kv", copy))
+            if self.pool.holds(("kv", copy)):
+                self.pool.touch(("kv", copy))
+            else:  # concurrent only: a block vLLM evicted under a running request's lock
+                run.untouched.add(copy)
             run.pages.append(copy)
             run.hashes.append(h)
         node = req.node
         if plan.hit and node is not None and node.state is not None:
-            for key in self.slots.keys(node.state):
-                self.pool.touch(key)
-            run.pending.append((plan.hit, node.state))
+            keys = self.slots.keys(node.state)
+            if all(self.pool.holds(k) for k in keys):  # (else: a state in `dead`)
+                for key in keys:
+                    self.pool.touch(key)
+                run.pending.append((plan.hit, node.state))
 
     def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
         run = self.runs.get(req)
@@ -466,6 +479,8 @@ class VLLM(Policy):
         full = len(run.hashes)
         for j in range(len(run.pages) - 1, -1, -1):
             page = run.pages[j]
+            if page in run.untouched:
+                continue
             if j < full:
                 self.pool.cache(("kv", page))
             else:
@@ -498,9 +513,22 @@ class VLLM(Policy):
             self.slots.slot_released(slot)
             return True
         if node.st.lock or (not node.children and node.kv.lock):
-            return False
+            # a running request's kept state, locked by our lifecycle (its path): vLLM
+            # evicts it; the tree lets it go once the request does (`_sweep`)
+            self.dead.add(node)
+            return True
         self._free(self.tree.evict_state_of(node))
         return True
+
+    def _sweep(self) -> None:
+        """Evict the states vLLM evicted while a running request locked them."""
+        for node in [n for n in self.dead if not n.st.lock and (n.children or not n.kv.lock)]:
+            self.dead.discard(node)
+            if node.parent is not None and node.state is not None:
+                self._free(self.tree.evict_state_of(node))
+
+    def on_request_done(self) -> None:
+        self._sweep()
 
     def _evicted_page(self, page: int) -> bool:
         """A KV block copy is evicted. The tree loses the block when its hash's last copy
