@@ -52,6 +52,7 @@ class BlockPool:
         self._entries = itertools.count()
         self.evict: Callable[[Key], bool] = lambda key: True
         self.popped = 0  # cached blocks evicted so far
+        self.pinned: set[Key] = set()  # cached blocks a lookup is about to take (skipped)
 
     def reclaimable(self) -> int:
         """Blocks an allocation can get: free ones and cached ones."""
@@ -68,7 +69,7 @@ class BlockPool:
                 return False
             _, key = self.queue.popitem(last=False)
             del self._entry[key]
-            if self.evict(key):
+            if key not in self.pinned and self.evict(key):
                 self.free += 1
                 self.popped += 1
             else:
@@ -127,6 +128,14 @@ class BlockPool:
             self.held[key] = 1
         else:
             self.held[key] += 1
+
+    def pin(self, key: Key) -> None:
+        """A lookup found `key`: no allocation evicts it before the request takes it
+        (vLLM takes its hit blocks before it allocates, ``kv_cache_manager.py:579-592``)."""
+        self.pinned.add(key)
+
+    def unpin(self, key: Key) -> None:
+        self.pinned.discard(key)
 
     def is_cached(self, key: Key) -> bool:
         return key in self._entry

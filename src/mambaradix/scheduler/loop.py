@@ -121,8 +121,7 @@ class Scheduler:
         for queue in (self.waiting, self.prefilling, self.running):
             if seq in queue:
                 queue.remove(seq)
-        if seq.req.admitted:
-            self._on_abort(seq)
+        self._on_abort(seq)
         if seq.req.admitted or seq.req.node is not None:
             self.cache.abort(seq.req)
         seq.status = ABORTED
@@ -226,6 +225,7 @@ class Scheduler:
             hook(req)
         if not self.cache.match(req, req.total_len - 1):
             self.batch_is_full = True  # no slot for its state copy: wait for a finish
+            self._on_abort(seq)
             return False
         seq.stops = [] if self.cache.extra_buffer else self.checkpoints.stops(req)
         result = budget.add_new(seq)
@@ -233,6 +233,7 @@ class Scheduler:
         if result == NO_TOKEN:
             self.batch_is_full = True
         if not added:
+            self._on_abort(seq)
             self.cache.unmatch(req)
             seq.stops = []
         return result == CONTINUE
@@ -264,6 +265,7 @@ class Scheduler:
         to waiting (nothing held), part-way ones stay part-way."""
         for seq in seqs:
             if seq.status == WAITING:
+                self._on_abort(seq)
                 self.cache.abort(seq.req)
                 seq.stops = []
         self.batch_is_full = True

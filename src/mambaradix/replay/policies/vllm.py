@@ -135,6 +135,7 @@ class VLLM(Policy):
         self.slots: PoolSlots | None = None
         self._plans: dict[int, _Plan] = {}  # id(request) -> plan made at its match
         self._reach: dict[int, int] = {}  # id(request) -> its KV reach before its match
+        self._pins: dict[int, tuple[list[Hashable], list[tuple[int, int]]]] = {}
 
     # ----------------------------------------------------------------- sizes
 
@@ -197,6 +198,7 @@ class VLLM(Policy):
         self.index = _TreeIndex(self.block)
         self.tree.add_listener(self.index)
         self.dead: set[TreeNode] = set()  # evicted by vLLM while our lifecycle locked them
+        self.duplicate_states = 0  # kept states the tree had already (vLLM holds two copies)
 
     def _alignment(self, profile: ModelProfile) -> int | None:
         """The checkpoint alignment in units (the GDN grid is the block)."""
@@ -230,10 +232,34 @@ class VLLM(Policy):
     # ------------------------------------------------------------- decisions
 
     def before_match(self, req: Request) -> None:
-        """vLLM finds the junction in its lookup, before the step allocates anything
-        (our match may take a slot, evicting as it goes)."""
+        """vLLM's lookup, before the step allocates anything (our match may take a slot,
+        evicting as it goes): the junction, and the hit's blocks, which vLLM takes before
+        it allocates (pinned here until the request is admitted, `on_admitted`)."""
         self._sweep()
+        self._unpin(req)
         self._reach[id(req)] = self._kv_reach(req)
+        m = self.tree.match_prefix(req.tokens[: req.total_len - 1], req.extra_key, read_only=True)
+        assert self.pool is not None and self.slots is not None
+        tokens, b, h = req.tokens, self.block, 0
+        copies: list[tuple[int, int]] = []  # (page, hash) per hit block
+        for i in range(0, m.prefix_len, b):
+            h = _chain(h, tokens, i // b, b)
+            page = int(m.kv_indices[i]) // b
+            # vLLM's hit references the oldest cached copy of each block hash
+            # (``BlockHashToBlockMap.get_one_block``), whichever page the tree holds
+            copies.append((next(iter(self.hash_pages[h])) if h in self.hash_pages else page, h))
+        keys: list[Hashable] = [("kv", page) for page, _ in copies]
+        if m.prefix_len and m.node.state is not None:
+            keys += self.slots.keys(m.node.state)
+        for key in keys:
+            self.pool.pin(key)
+        self._pins[id(req)] = (keys, copies)
+
+    def _unpin(self, req: Request) -> None:
+        assert self.pool is not None
+        keys, _ = self._pins.pop(id(req), ([], []))
+        for key in keys:
+            self.pool.unpin(key)
 
     def stops(self, req: Request) -> list[int]:
         plan = self._plan(req)
@@ -337,19 +363,17 @@ class VLLM(Policy):
         plan = self._plans.pop(id(req), None) or self._plan(req)
         run = self.runs[req] = _Run(plan)
         assert self.pool is not None and self.slots is not None
-        b = self.block
-        h, tokens = 0, req.tokens
-        for i in range(0, plan.hit, b):  # a hit references its blocks (block_pool.py:862-880)
-            page = int(req.prefix_kv[i]) // b
-            h = _chain(h, tokens, i // b, b)
-            # vLLM's hit references the oldest cached copy of each block hash
-            # (``BlockHashToBlockMap.get_one_block``), whichever page the tree holds
-            copy = next(iter(self.hash_pages[h])) if h in self.hash_pages else page
-            if self.pool.holds(("kv", copy)):
-                self.pool.touch(("kv", copy))
+        pins, copies = self._pins.pop(id(req), ([], []))
+        for key in pins:
+            self.pool.unpin(key)
+        if len(copies) != plan.hit // self.block:  # no lookup seen (a caller without it)
+            copies = self._hit_copies(req, plan.hit)
+        for page, h in copies:  # a hit references its blocks (block_pool.py:862-880)
+            if self.pool.holds(("kv", page)):
+                self.pool.touch(("kv", page))
             else:  # concurrent only: a block vLLM evicted under a running request's lock
-                run.untouched.add(copy)
-            run.pages.append(copy)
+                run.untouched.add(page)
+            run.pages.append(page)
             run.hashes.append(h)
         node = req.node
         if plan.hit and node is not None and node.state is not None:
@@ -358,6 +382,14 @@ class VLLM(Policy):
                 for key in keys:
                     self.pool.touch(key)
                 run.pending.append((plan.hit, node.state))
+
+    def _hit_copies(self, req: Request, hit: int) -> list[tuple[int, int]]:
+        b, tokens, h, out = self.block, req.tokens, 0, []
+        for i in range(0, hit, b):
+            h = _chain(h, tokens, i // b, b)
+            page = int(req.prefix_kv[i]) // b
+            out.append((next(iter(self.hash_pages[h])) if h in self.hash_pages else page, h))
+        return out
 
     def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
         run = self.runs.get(req)
@@ -369,7 +401,11 @@ class VLLM(Policy):
         self._tree_pages(req, run)
         if node is not None and node.state is not None:
             run.pending.append((req.computed, node.state))
-        elif req.computed == run.previous_at and not run.previous:
+            return
+        there = self.tree.peek(req.tokens[: req.computed], req.extra_key)
+        if there is not None and there.state is not None:
+            self.duplicate_states += 1  # vLLM would cache a second copy (docs/vllm-baseline.md)
+        if req.computed == run.previous_at and not run.previous:
             self._hold_previous(run, req.computed)  # no copy taken: the stand-in is due
 
     def insert_at_finish(self, req: Request) -> bool:
@@ -390,6 +426,7 @@ class VLLM(Policy):
     def on_abort(self, req: Request) -> None:
         """A retracted or dropped request: vLLM frees a preempted request's blocks as a
         finished one's (``scheduler.py:1799-1843``)."""
+        self._unpin(req)
         run = self.runs.pop(req, None)
         if run is not None:
             self._release_run(run, req, req.computed)
@@ -447,6 +484,8 @@ class VLLM(Policy):
                 self.tree_copy_hash[page] = h
         if node is not None and node.state is not None:
             run.pending.append((run.finish_at, node.state))
+        else:
+            self.duplicate_states += 1
         self._release_run(run, req, run.finish_at)
 
     def _release_states(self, run: _Run, upto: int) -> None:
@@ -513,8 +552,8 @@ class VLLM(Policy):
             self.slots.slot_released(slot)
             return True
         if node.st.lock or (not node.children and node.kv.lock):
-            # a running request's kept state, locked by our lifecycle (its path): vLLM
-            # evicts it; the tree lets it go once the request does (`_sweep`)
+            # a running request's own kept state, released but locked by our lifecycle
+            # (its path): vLLM evicts it; the tree lets it go once the request does
             self.dead.add(node)
             return True
         self._free(self.tree.evict_state_of(node))
