@@ -423,6 +423,7 @@ class VLLM(Policy):
         del self.runs[req]
         self._release_run(run, req, p)
         return False
+
     def on_abort(self, req: Request) -> None:
         """A retracted or dropped request: vLLM frees a preempted request's blocks as a
         finished one's (``scheduler.py:1799-1843``)."""

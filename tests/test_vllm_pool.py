@@ -1,0 +1,113 @@
+"""vLLM's block pool as the `vllm` row keeps it (`mambaradix.replay.vllm_pool`), by hand:
+what is free, held and cached, the order cached blocks are evicted in, pins, and the
+allocators the lifecycle sees."""
+
+from __future__ import annotations
+
+import pytest
+
+from mambaradix.replay.vllm_pool import BlockPool, PoolKV, PoolSlots
+
+
+def pool_with(evicted: list[object], refuse: set[object] = frozenset()) -> BlockPool:  # type: ignore[assignment]
+    pool = BlockPool(6)
+
+    def evict(key: object) -> bool:
+        if key in refuse:
+            return False
+        evicted.append(key)
+        return True
+
+    pool.evict = evict
+    return pool
+
+
+def test_released_blocks_are_free_cached_ones_wait_in_release_order() -> None:
+    evicted: list[object] = []
+    pool = pool_with(evicted)
+    pool.reserve(5)
+    pool.hold(["a", "b", "c", "d", "e"])
+    assert (pool.free, pool.reclaimable()) == (1, 1)
+    pool.cache("c")  # released with a hash: queued, oldest first
+    pool.cache("a")
+    pool.release("b")  # no hash: free at once
+    assert (pool.free, list(pool.queue.values()), pool.reclaimable()) == (2, ["c", "a"], 4)
+    assert pool.reserve(3)  # two free, then the head of the queue goes
+    assert evicted == ["c"] and list(pool.queue.values()) == ["a"]
+    pool.check()
+
+
+def test_a_hit_takes_a_cached_block_and_references_count() -> None:
+    evicted: list[object] = []
+    pool = pool_with(evicted)
+    pool.reserve(2)
+    pool.hold(["a", "b"])
+    pool.cache("a")
+    pool.cache("b")
+    pool.touch("a")  # hit: out of the queue
+    pool.touch("a")  # a second request hits it too
+    pool.cache("a")  # one lets go: still held
+    assert list(pool.queue.values()) == ["b"] and pool.held == {"a": 1}
+    pool.cache("a")  # the last: queued again, at the tail (LRU by release)
+    assert list(pool.queue.values()) == ["b", "a"]
+    pool.check()
+
+
+def test_pinned_and_refused_blocks_are_skipped_in_place() -> None:
+    evicted: list[object] = []
+    pool = pool_with(evicted, refuse={"b"})
+    pool.reserve(4)
+    pool.hold(["a", "b", "c", "d"])
+    for key in "abcd":
+        pool.cache(key)
+    pool.pin("a")
+    assert pool.reserve(4)  # two free + two popped: a is pinned, b refused (locked)
+    assert evicted == ["c", "d"]
+    assert list(pool.queue.values()) == ["a", "b"]  # still at the head, in order
+    assert not pool.reserve(5)  # only the skipped ones left
+    pool.check()
+
+
+def test_kv_pages_continue_and_are_reused_only_when_nobody_has_them() -> None:
+    pool = BlockPool(3)
+    kv = PoolKV(pool, block=4)
+    assert kv.page_size == 4 and kv.available_size() == 12
+    first = kv.alloc_extend(None, 6)  # a page and a half
+    assert first is not None and list(first) == [0, 1, 2, 3, 4, 5]
+    more = kv.alloc_extend(first[-1], 3)  # fills page 1, then a new page
+    assert more is not None and list(more) == [6, 7, 8]
+    assert pool.free == 0 and kv.alloc_extend(None, 1) is None  # nothing left, nothing changed
+    pool.cache(("kv", 0))  # the request lets go of page 0 (hashed) ...
+    kv.free(first[:4])  # ... and of its indices: page 0 stays cached, not reusable
+    assert kv.owned_on(0) == 0 and pool.is_cached(("kv", 0))
+
+    def evict(key: object) -> bool:  # the policy's mirror: the page is gone
+        assert isinstance(key, tuple)
+        kv.page_released(key[1])
+        return True
+
+    pool.evict = evict
+    again = kv.alloc_extend(None, 1)  # pops page 0; now its id is reused
+    assert again is not None and list(again) == [0]
+    pool.check()
+
+
+def test_a_state_slot_takes_a_block_per_group() -> None:
+    pool = BlockPool(5)
+    slots = PoolSlots(pool, groups=2)
+    assert slots.available_size() == 2
+    got = slots.alloc(2)
+    assert got is not None and pool.free == 1 and slots.alloc(1) is None
+    slot = got[0]
+    for key in slots.keys(slot):  # kept: its blocks are cached
+        pool.cache(key)
+    slots.free([got[1]])  # a running state: its blocks are free at once
+    assert pool.free == 3 and len(pool.queue) == 2
+    slots.free([slot])  # the tree let it go, but its blocks wait in the queue
+    assert slot not in slots._unused  # its id comes back only once the pool pops them
+    pool.evict = lambda key: True
+    assert pool.reserve(5)
+    slots.slot_released(slot)
+    assert slot in slots._unused
+    with pytest.raises(ValueError, match="not owned"):
+        slots.free([slot])
