@@ -55,8 +55,9 @@ class BlockPool:
         self.pinned: set[Key] = set()  # cached blocks a lookup is about to take (skipped)
 
     def reclaimable(self) -> int:
-        """Blocks an allocation can get: free ones and cached ones."""
-        return self.free + len(self.queue)
+        """Blocks an allocation can get: free ones and cached ones not pinned."""
+        pinned = sum(1 for key in self.pinned if key in self._entry) if self.pinned else 0
+        return self.free + len(self.queue) - pinned
 
     def reserve(self, n: int) -> bool:
         """Pop cached blocks from the head until `n` are free (the popped ones are evicted:
@@ -189,10 +190,12 @@ class PoolKV:
         self._owned_total = 0
         self._unused = list(range(self.pages - 1, -1, -1))  # page ids neither owned nor pooled
         self._listed = bytearray(b"\x01" * self.pages)  # 1: in _unused
+        self._fresh: set[int] = set()  # taken, not yet claimed by the policy (`claim`)
 
     @property
     def capacity(self) -> int:
-        return self.pages * self.block
+        """KV indices the pool's blocks hold (the id space is twice that)."""
+        return self.pool.capacity * self.block
 
     @property
     def page_size(self) -> int:
@@ -203,7 +206,7 @@ class PoolKV:
         return self.pool.reclaimable() * self.block
 
     def free_list_size(self) -> int:
-        """Indices nobody owns (for conservation checks and peaks)."""
+        """Indices nobody owns, of `capacity` (for conservation checks and peaks)."""
         return self.capacity - self._owned_total
 
     def is_free(self, i: int) -> bool:
@@ -223,6 +226,7 @@ class PoolKV:
             return None  # (reserve pops first: pops may give pages back through `free`)
         new = self._pick(pages)
         self.pool.hold([("kv", p) for p in new])
+        self._fresh.update(new)
         out = array("q")
         if last_index is not None:
             out.extend(range(last_index + 1, last_index + 1 + min(room, n)))
@@ -245,8 +249,14 @@ class PoolKV:
         self._in_use[i // self.block] += 1
         self._owned_total += 1
 
+    def claim(self, page: int) -> None:
+        """The policy has put `page` in a request's block table: it releases it."""
+        self._fresh.discard(page)
+
     def free(self, indices: Iterable[int]) -> None:
-        """Give indices back (the tree evicted them, or a request let them go)."""
+        """Give indices back (the tree evicted them, or a request let them go). A page
+        given back whole before the policy claimed it (an allocation rolled back) leaves
+        the pool at once."""
         for i in indices:
             if not self._owned[i]:
                 raise ValueError(f"KV index {i} is not owned")
@@ -254,6 +264,9 @@ class PoolKV:
             self._owned_total -= 1
             p = i // self.block
             self._in_use[p] -= 1
+            if not self._in_use[p] and p in self._fresh:
+                self._fresh.discard(p)
+                self.pool.release(("kv", p))
             self._maybe_unused(p)
 
     def page_released(self, page: int) -> None:

@@ -143,7 +143,7 @@ class VLLM(Policy):
         return profile.vllm_state_bytes
 
     @staticmethod
-    def block_units(profile: ModelProfile, unit_tokens: int) -> int:
+    def block_of(profile: ModelProfile, unit_tokens: int) -> int:
         """vLLM's block in trace units (a block trace's unit may not divide it: rounded up)."""
         return max(1, -(-profile.vllm_block_tokens // unit_tokens))
 
@@ -154,14 +154,14 @@ class VLLM(Policy):
         """(blocks, block in units, blocks per state) of a `budget`-byte pool: a block
         holds a block of KV (one attention group); a state takes one block per Mamba
         group. One block is vLLM's null block (``block_pool.py:184-187``)."""
-        block = cls.block_units(profile, unit_tokens)
+        block = cls.block_of(profile, unit_tokens)
         block_bytes = block * kv_unit_bytes
         groups = max(1, -(-profile.vllm_state_bytes // block_bytes))
         return budget // block_bytes - 1, block, groups
 
     def tree_page(self, profile: ModelProfile, unit_tokens: int) -> int:
         """vLLM's block: the tree shares KV in whole blocks, as vLLM's block hashes do."""
-        return self.block_units(profile, unit_tokens)
+        return self.block_of(profile, unit_tokens)
 
     def build_memory(
         self, budget: int, kv_unit_bytes: int, profile: ModelProfile, unit_tokens: int
@@ -180,7 +180,7 @@ class VLLM(Policy):
     def attach(self, ctx: PolicyContext) -> None:
         super().attach(ctx)
         profile, unit = ctx.profile, ctx.unit_tokens
-        self.block = self.block_units(profile, unit)
+        self.block = self.block_of(profile, unit)
         self.decode_interval = self.block
         self.chunk = ctx.budget_units or ctx.chunk_units  # vLLM's max_num_batched_tokens
         self.alignment = self._alignment(profile)
@@ -439,8 +439,11 @@ class VLLM(Policy):
         its row point at the tree's copies; hashes of its full blocks."""
         b, rows = self.block, self.ctx.rows
         assert rows is not None and req.row is not None
+        assert self.kv is not None
         for start in range(len(run.pages) * b, req.computed, b):
-            run.pages.append(int(rows.read(req.row, start, start + 1)[0]) // b)
+            page = int(rows.read(req.row, start, start + 1)[0]) // b
+            self.kv.claim(page)
+            run.pages.append(page)
         tokens = req.tokens
         for j in range(len(run.hashes), req.computed // b):
             h = _chain(run.hashes[-1] if run.hashes else 0, tokens, j, b)
