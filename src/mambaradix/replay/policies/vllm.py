@@ -91,6 +91,7 @@ class _Plan:
     junction: int
     ends: list[int]  # vLLM's step ends, the last at the request's length
     kept: set[int]  # positions whose state is kept
+    exports: dict[int, int]  # step start -> the kept state its forward exports
     stops: list[int]  # where our scheduler must end a step (vLLM's ends, exported states)
 
 
@@ -103,7 +104,8 @@ class _Run:
     untouched: set[int] = field(default_factory=set)  # hit pages the pool no longer had
     hashes: list[int] = field(default_factory=list)  # block hashes of pages[:len(hashes)]
     pending: list[tuple[int, int]] = field(default_factory=list)  # (position, slot) held
-    previous: list[tuple[str, int, int]] = field(default_factory=list)  # (`_boundary`)
+    previous: list[Hashable] = field(default_factory=list)  # (`_boundary`)
+    export: list[Hashable] = field(default_factory=list)  # held for an exported kept state
     previous_at: int = -1  # the position whose state they stand for
     finish_at: int = 0  # the position of a state kept at the end (interval retention)
 
@@ -136,6 +138,7 @@ class VLLM(Policy):
         self._plans: dict[int, _Plan] = {}  # id(request) -> plan made at its match
         self._reach: dict[int, int] = {}  # id(request) -> its KV reach before its match
         self._pins: dict[int, tuple[list[Hashable], list[tuple[int, int]]]] = {}
+        self._exports: dict[int, list[Hashable]] = {}  # id(request) -> blocks held for it
 
     # ----------------------------------------------------------------- sizes
 
@@ -264,6 +267,9 @@ class VLLM(Policy):
     def stops(self, req: Request) -> list[int]:
         plan = self._plan(req)
         self._plans[id(req)] = plan
+        self._drop_keys(self._exports.pop(id(req), []))
+        if plan.hit in plan.exports:  # the first step's forward exports a kept state
+            self._exports[id(req)] = self._hold_blocks(("export", id(req)))
         return plan.stops
 
     def _plan(self, req: Request) -> _Plan:
@@ -272,15 +278,17 @@ class VLLM(Policy):
         ends = prefill_steps(hit, prompt, n, b, self.chunk, junction, self.alignment)
         starts = [hit, *ends[:-1]]
         sparse = self.retention == 0
-        exported = {
-            step_checkpoint(s, e, prompt, n, b, self.alignment, sparse)
+        by_start = {
+            s: step_checkpoint(s, e, prompt, n, b, self.alignment, sparse)
             for s, e in zip(starts, ends, strict=True)
-        } - {0}
+        }
+        exported = set(by_start.values()) - {0}
         have = {e for e in ends if e % b == 0} | exported
         replay = checkpoint_position(prompt, b)
         kept = {p for p in have if p > hit and self._keeps(p, replay, junction)}
         stops = sorted(({e for e in ends if e < n} | (kept & exported)) - {0})
-        return _Plan(hit, junction, ends, kept, stops)
+        exports = {s: c for s, c in by_start.items() if c in kept and c not in ends}
+        return _Plan(hit, junction, ends, kept, exports, stops)
 
     def _keeps(self, position: int, replay: int, junction: int) -> bool:
         if self.interval is None or position in (replay, junction):
@@ -320,6 +328,9 @@ class VLLM(Policy):
             later = [e for e in run.plan.ends if e > p]
             if later and p in run.plan.ends:  # a vLLM step boundary (not an exported state)
                 self._boundary(run, p, later[0], keep)
+            elif keep:  # an exported state: the block held for it is the copy's
+                self._drop_keys(run.export)
+                run.export = []
         return keep
 
     def _keeps_later(self, position: int) -> bool:
@@ -342,18 +353,31 @@ class VLLM(Policy):
                 run.previous_at = end
             else:
                 self._hold_previous(run, end)
+        if end in run.plan.exports:  # the step's forward exports a kept state: its block
+            self._drop_keys(run.export)
+            run.export = self._hold_blocks(("export", id(run)))
 
-    def _hold_previous(self, run: _Run, end: int) -> None:
+    def _hold_blocks(self, owner: tuple[str, int]) -> list[Hashable]:
+        """A state's worth of blocks held for `owner` (none if the pool has too few)."""
         assert self.pool is not None and self.slots is not None
-        keys = [("prev", id(run), g) for g in range(self.slots.groups)]
+        keys: list[Hashable] = [(*owner, g) for g in range(self.slots.groups)]
         if self.pool.can_take(len(keys)) and self.pool.reserve(len(keys)):
             self.pool.hold(keys)
+            return keys
+        return []
+
+    def _drop_keys(self, keys: list[Hashable]) -> None:
+        assert self.pool is not None
+        for key in keys:
+            self.pool.release(key)
+
+    def _hold_previous(self, run: _Run, end: int) -> None:
+        keys = self._hold_blocks(("prev", id(run)))
+        if keys:
             run.previous, run.previous_at = keys, end
 
     def _drop_previous(self, run: _Run) -> None:
-        assert self.pool is not None
-        for key in run.previous:
-            self.pool.release(key)
+        self._drop_keys(run.previous)
         run.previous = []
 
     def on_admitted(self, req: Request) -> None:
@@ -361,7 +385,7 @@ class VLLM(Policy):
         if stale is not None:  # retracted without the scheduler telling us
             self._release_run(stale, req, 0)
         plan = self._plans.pop(id(req), None) or self._plan(req)
-        run = self.runs[req] = _Run(plan)
+        run = self.runs[req] = _Run(plan, export=self._exports.pop(id(req), []))
         assert self.pool is not None and self.slots is not None
         pins, copies = self._pins.pop(id(req), ([], []))
         for key in pins:
@@ -428,6 +452,7 @@ class VLLM(Policy):
         """A retracted or dropped request: vLLM frees a preempted request's blocks as a
         finished one's (``scheduler.py:1799-1843``)."""
         self._unpin(req)
+        self._drop_keys(self._exports.pop(id(req), []))
         run = self.runs.pop(req, None)
         if run is not None:
             self._release_run(run, req, req.computed)
@@ -533,6 +558,8 @@ class VLLM(Policy):
         self._cache_states(sorted(run.pending, reverse=True))
         run.pending = []
         self._drop_previous(run)
+        self._drop_keys(run.export)
+        run.export = []
 
     # -------------------------------------------------------------- eviction
 
