@@ -7,8 +7,10 @@ States are kept only at attention-block boundaries and no partial block is cache
 block is vLLM's unified block, computed per layer as vLLM does
 (`ModelProfile.vllm_all_block_tokens`), and a state costs what vLLM holds: a padded page
 per recurrent layer (`vllm_state_bytes`). For an architecture 0.20.0 does not mark
-``SupportsMambaPrefixCaching`` it falls back to its "align" mode of the time: a state at
-the end of every block-aligned prefill step and every block boundary passed while decoding.
+``SupportsMambaPrefixCaching`` vLLM fell back to its "align" mode; the row then runs the
+replay's earlier model of align mode (`VLLM020Align`: a state at the end of every
+block-aligned prefill step and every block boundary passed while decoding), which was
+not checked against 0.20.0's code.
 
 Departures from vLLM 0.20.0:
 
@@ -37,7 +39,8 @@ if TYPE_CHECKING:
 
 
 class VLLM020Align(Policy):
-    """vLLM 0.20.0's "align" fallback (`Scheduler._mamba_block_aligned_split` of the time).
+    """The replay's earlier model of vLLM's "align" mode, kept as `vllm-0.20-all`'s
+    fallback (not a row of its own; vLLM 0.33.0's align mode is `VLLM`).
 
     Admission: a prefill step is cut to a multiple of the block while it ends
     before the last block boundary of the sequence, `n - n % block` (n: the
