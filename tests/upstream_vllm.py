@@ -356,8 +356,8 @@ class UpstreamVllm:
         return int(self.manager.block_pool.get_num_free_blocks())
 
     def serve(self, prompt: Sequence[int], outputs: Sequence[int]) -> int | None:
-        """One request alone, as ``Scheduler.schedule`` (admission: scheduler.py:1104-1127,
-        1250-1300, 1378-1397; running: 798-876) and ``update_from_output`` drive it with no
+        """One request alone, as ``Scheduler.schedule`` (admission: scheduler.py:1110-1127,
+        1306-1345, 1435-1450; running: 838-918) and ``update_from_output`` drive it with no
         other request in flight: each step calls ``new_step_starts`` (744), schedules
         ``min(remaining, chunk)`` tokens cut by the Mamba split, allocates their slots,
         advances ``num_computed_tokens`` (``_update_after_schedule``, 1856) and, once every

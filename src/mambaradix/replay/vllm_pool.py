@@ -132,7 +132,7 @@ class BlockPool:
 
     def pin(self, key: Key) -> None:
         """A lookup found `key`: no allocation evicts it before the request takes it
-        (vLLM takes its hit blocks before it allocates, ``kv_cache_manager.py:579-592``)."""
+        (vLLM takes its hit blocks before it allocates, ``kv_cache_manager.py:590-610``)."""
         self.pinned.add(key)
 
     def unpin(self, key: Key) -> None:

@@ -392,7 +392,7 @@ class VLLM(Policy):
             self.pool.unpin(key)
         if len(copies) != plan.hit // self.block:  # no lookup seen (a caller without it)
             copies = self._hit_copies(req, plan.hit)
-        for page, h in copies:  # a hit references its blocks (block_pool.py:862-880)
+        for page, h in copies:  # a hit references its blocks (block_pool.py:792-814)
             if self.pool.holds(("kv", page)):
                 self.pool.touch(("kv", page))
             else:  # concurrent only: a block vLLM evicted under a running request's lock
@@ -435,7 +435,7 @@ class VLLM(Policy):
     def insert_at_finish(self, req: Request) -> bool:
         """vLLM keeps no state at the end unless its interval retention keeps the block
         boundary the request ends on (its running state there is cached); the
-        request's blocks are released in vLLM's order (``kv_cache_manager.py:668-676``)."""
+        request's blocks are released in vLLM's order (``kv_cache_manager.py:629-638``)."""
         run = self.runs.get(req)
         if run is None:
             return False
