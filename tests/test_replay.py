@@ -601,8 +601,8 @@ def test_vllm_drops_what_its_block_pool_never_holds() -> None:
     # one the null block. Every request `vllm_fit` says never runs alone (its KV blocks,
     # states and the admission reserve above the pool) is dropped. So is a request that
     # runs alone but not with what it hits: vLLM holds the hit's blocks beside its
-    # running and kept states (admission counts them, `kv_cache_manager.py:531-545, single_type_kv_cache_manager.py:1792-1795`),
-    # and would leave it waiting.
+    # running and kept states (admission counts them: `kv_cache_manager.py:531-545`,
+    # `single_type_kv_cache_manager.py:1792-1795`), and would leave it waiting.
     from mambaradix.replay.fit import policy_fit
     from mambaradix.replay.vllm_fit import runs_alone
 
