@@ -77,6 +77,7 @@ def test_kv_pages_continue_and_are_reused_only_when_nobody_has_them() -> None:
     more = kv.alloc_extend(first[-1], 3)  # fills page 1, then a new page
     assert more is not None and list(more) == [6, 7, 8]
     assert pool.free == 0 and kv.alloc_extend(None, 1) is None  # nothing left, nothing changed
+    kv.claim(0)  # the policy put page 0 in the request's block table
     pool.cache(("kv", 0))  # the request lets go of page 0 (hashed) ...
     kv.free(first[:4])  # ... and of its indices: page 0 stays cached, not reusable
     assert kv.owned_on(0) == 0 and pool.is_cached(("kv", 0))
@@ -111,3 +112,41 @@ def test_a_state_slot_takes_a_block_per_group() -> None:
     assert slot in slots._unused
     with pytest.raises(ValueError, match="not owned"):
         slots.free([slot])
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_concurrent_runs_under_pressure_keep_pool_and_tree_in_step(seed: int) -> None:
+    """Many requests in flight (retractions, refusals, hits on running requests' blocks)
+    at a memory that evicts all the time: checked after every step, every block the tree
+    holds is in the pool (or another copy of its hash is), the pool's counts add up, and
+    nothing leaks once the trace is done."""
+    from mambaradix.replay.models import get_profile
+    from mambaradix.replay.policies import VLLM, make_policy
+    from mambaradix.replay.serving import ServingConfig, ServingModel
+    from mambaradix.replay.workloads import multi_turn, shared_prefix
+
+    trace = (shared_prefix(requests=60, seed=seed), multi_turn(sessions=10, seed=seed))[seed]
+    prof = get_profile("nemotron-h-tiny")
+    cfg = ServingConfig(memory_gb=1.5e-3, chunk_tokens=96, rate=50.0)  # 121 blocks of 48
+    model = ServingModel(trace, prof, make_policy("vllm"), cfg)
+    pol = model.policy
+    assert isinstance(pol, VLLM) and pol.pool is not None and pol.slots is not None
+    times, i = model.arrival_times(), 0
+    while i < len(trace) or model.scheduler.busy:
+        if i < len(trace) and model.wakes_for(times[i]):
+            model.clock.wait_for(times[i])
+        while i < len(trace) and times[i] <= model.clock.now:
+            model.submit(i, times[i])
+            i += 1
+        if model.scheduler.busy:
+            model.step()
+            pol.pool.check()
+            for slot in model.cache.tree.all_states():
+                node = pol.index.slot_node[slot]
+                keys = pol.slots.keys(slot)
+                assert node in pol.dead or all(pol.pool.holds(k) for k in keys)
+    model.settle()
+    assert pol.pool.popped > 0 and len(model.outcomes) > len(trace) // 2
+    assert not pol.pool.held and not pol.runs and not pol.pool.pinned
+    model.cache.tree.check_invariants()
+    model.cache.check_conservation()
