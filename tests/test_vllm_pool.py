@@ -150,3 +150,22 @@ def test_concurrent_runs_under_pressure_keep_pool_and_tree_in_step(seed: int) ->
     assert not pol.pool.held and not pol.runs and not pol.pool.pinned
     model.cache.tree.check_invariants()
     model.cache.check_conservation()
+
+
+def test_bad_retention_is_refused_before_any_work() -> None:
+    from mambaradix.replay.models import get_profile
+    from mambaradix.replay.policies import VLLM, is_known
+    from mambaradix.replay.run import replay
+    from mambaradix.replay.serving import ServingConfig
+    from mambaradix.replay.workloads import multi_turn
+
+    with pytest.raises(ValueError, match="^retention must be >= 0, got -1$"):
+        VLLM(retention=-1)
+    with pytest.raises(ValueError, match="^retention must be a number of tokens or 'dense'"):
+        VLLM(retention="often")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="^checkpoint_alignment must be None, -1 or >= 1"):
+        VLLM(checkpoint_alignment=0)
+    assert is_known("vllm@dense") and is_known("vllm@2080") and not is_known("vllm@-5")
+    trace, prof = multi_turn(sessions=2, seed=0), get_profile("nemotron-h-8b")
+    with pytest.raises(ValueError, match="multiple of vLLM's block \\(1040 tokens"):
+        replay(trace, prof, "vllm@1000", ServingConfig(1.0))
