@@ -641,14 +641,15 @@ def test_vllm_block_pool_under_pressure_holds_what_the_tree_holds() -> None:
     assert isinstance(pol, VLLM) and pol.pool is not None and pol.slots is not None
     assert len(sim.outcomes) + len(sim.dropped) == len(sim.trace)
     assert sim.cache.evictions["states"] > 0 and sim.cache.evictions["kv_tokens"] > 0
-    assert pol.pool.popped > 0 and not pol.pool.held and not pol.runs
+    assert pol.pool.popped > 0 and not pol.pool.held and not pol.blocks.runs
     pol.pool.check()
     sim.cache.tree.check_invariants()
     sim.cache.check_conservation()
     tree = sim.cache.tree
+    books = pol.blocks
     for page in {int(i) // pol.block for i in tree.all_kv_indices()}:
         # its own copy is in the pool, or another copy of its block hash is
-        assert pol.pool.holds(("kv", page)) or pol.tree_copy_hash[page] in pol.hash_pages
+        assert pol.pool.holds(("kv", page)) or books.tree_copy_hash[page] in books.hash_pages
     for slot in tree.all_states():
         assert all(pol.pool.holds(k) for k in pol.slots.keys(slot))
 

@@ -142,12 +142,12 @@ def test_concurrent_runs_under_pressure_keep_pool_and_tree_in_step(seed: int) ->
             model.step()
             pol.pool.check()
             for slot in model.cache.tree.all_states():
-                node = pol.index.slot_node[slot]
+                node = pol.blocks.index.slot_node[slot]
                 keys = pol.slots.keys(slot)
-                assert node in pol.dead or all(pol.pool.holds(k) for k in keys)
+                assert node in pol.blocks.dead or all(pol.pool.holds(k) for k in keys)
     model.settle()
     assert pol.pool.popped > 0 and len(model.outcomes) > len(trace) // 2
-    assert not pol.pool.held and not pol.runs and not pol.pool.pinned
+    assert not pol.pool.held and not pol.blocks.runs and not pol.pool.pinned
     model.cache.tree.check_invariants()
     model.cache.check_conservation()
 
