@@ -60,7 +60,7 @@ POLICIES = [
     "sglang-extra-buffer",
     "sglang-used",
     "vllm",
-    "vllm-all",
+    "vllm-0.20-all",
     "marconi",
     ORACLE,
     OURS,

@@ -94,8 +94,8 @@ def test_replay_numbers(
         (["--json", "."], "--json . is a directory"),
         (["--json", "same.png", "--plot", "same.png"], "--json and --plot name the same file"),
         (
-            ["--page-size", "16", "--policy", "sglang-extra-buffer,vllm"],
-            "--policy vllm: no_buffer needs --page-size 1 on a token-level trace, got 16; "
+            ["--page-size", "16", "--policy", "sglang-extra-buffer,sglang"],
+            "--policy sglang: no_buffer needs --page-size 1 on a token-level trace, got 16; "
             "extra_buffer policies (sglang-extra-buffer) take any page size",
         ),
         (
@@ -105,6 +105,15 @@ def test_replay_numbers(
         (
             ["--track-interval", "512", "--policy", "sglang,mambaradix"],
             "--track-interval has no effect: none of the policies uses extra_buffer",
+        ),
+        (["--vllm-retention", "often"], "--vllm-retention must be a number of tokens or 'dense'"),
+        (
+            ["--vllm-retention", "1000"],
+            "--vllm-retention 1000 must be a multiple of vLLM's block (1040 tokens for",
+        ),
+        (
+            ["--vllm-retention", "dense", "--policy", "sglang"],
+            "--vllm-retention has no effect: --policy does not run vllm",
         ),
         (
             ["--sequential", "--page-size", "16", "--policy", "sglang-extra-buffer"],
@@ -272,11 +281,12 @@ def test_replay_page_size_leaves_out_no_buffer_policies(
     args += ["--page-size", "16", "--workers", "1", "--no-progress", "--json", "r.json"]
     assert main(args) == 0
     err = capsys.readouterr().err.strip().splitlines()
-    no_buffer = [p for p in SINGLE_RUN if p != "sglang-extra-buffer"]
+    # vllm keeps running: its tree's page is vLLM's block whatever --page-size says
+    no_buffer = [p for p in SINGLE_RUN if p not in ("sglang-extra-buffer", "vllm")]
     why = "no_buffer needs --page-size 1 on a token-level trace, got 16"
     assert err == [f"warning: --page-size 16: left out {', '.join(no_buffer)} ({why})"]
     data = json.loads((cwd / "r.json").read_text())
-    assert [r["policy"] for r in data["results"]] == ["sglang-extra-buffer"]
+    assert [r["policy"] for r in data["results"]] == ["sglang-extra-buffer", "vllm"]
     assert data["policies_left_out"] == dict.fromkeys(no_buffer, why)
     assert data["results"][0]["config"]["page_size"] == 16
     assert data["results"][0]["config"]["track_interval"] == 256

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mambaradix.replay.models import PROFILES, ModelProfile, get_profile, profile_from_geometry
-from mambaradix.replay.policies import VLLM, PolicyContext
+from mambaradix.replay.policies import VLLM
 
 REAL = ("nemotron-h-8b", "qwen3-next-80b-a3b", "jamba-1.5-mini")
 
@@ -169,9 +169,7 @@ def test_vllm_blocks_of_the_profiles() -> None:
 def test_vllm_policy_uses_the_profile_block() -> None:
     p = get_profile("nemotron-h-8b")
     for unit, units in ((1, 1040), (16, 65), (512, 3)):  # ceil(1040 / unit)
-        pol = VLLM()
-        pol.attach(PolicyContext(p, unit, 16, unit * p.kv_bytes_per_token))
-        assert pol.block_units == units
+        assert VLLM.block_of(p, unit) == units
 
 
 def test_hand_built_profile_gets_the_one_layer_pair_block() -> None:

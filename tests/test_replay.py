@@ -110,12 +110,13 @@ RETRY_HITS = {
     # lengths that are multiples of 256: a 40-token prompt and a 69-token
     # sequence never get a state, so nothing is ever cached (#22935).
     "sglang-extra-buffer": [0, 0, 0],
-    # vllm: block 32. Prefill state at 40 // 32 * 32 = 32, decode crossings at
-    # 64 (<= 69); no finish insert. The 39-token lookup reaches the state at 32.
+    # vllm (0.33.0 defaults): block 32. The one prefill step exports the replay
+    # boundary floor(39 / 32) * 32 = 32, which is kept (nothing while decoding, nothing
+    # at finish). The 39-token lookup reaches it.
     "vllm": [0, BLOCK, BLOCK],
-    # vllm-all: a state at every block boundary: 32 in prefill (range(32, 40,
-    # 32)), 64 while decoding. The same hits as align here.
-    "vllm-all": [0, BLOCK, BLOCK],
+    # vllm-0.20-all: a state at every block boundary: 32 in prefill (range(32, 40,
+    # 32)), 64 while decoding. The same hits here.
+    "vllm-0.20-all": [0, BLOCK, BLOCK],
     # marconi: 1st has no branch point (empty tree), finish at 69. 2nd matches
     # 39 tokens of KV but no state (0), and checkpoints its branch point at 39
     # (kv_hit_len 39 < n_in 40). 3rd hits 39.
@@ -131,14 +132,15 @@ TURN2 = PROMPT + ANSWER + toks(7000, 10)
 SESSION = [req(0, 0, 0.0, PROMPT, ANSWER), req(0, 1, 100.0, TURN2, toks(8000, 5))]
 # Turn 1's finished state sits at committed = 40 + 30 - 1 = 69; turn 2 looks up
 # 79 tokens, all of which extend that path: a hit of 69 for every policy that
-# inserts the finished sequence. vllm has no finish insert: its states are at
-# block multiples (32 in prefill, 64 while decoding), so it hits 69 // 32 * 32.
+# inserts the finished sequence. vllm-0.20-all keeps block multiples (32 in prefill,
+# 64 while decoding): 69 // 32 * 32. vllm (0.33.0) keeps only turn 1's replay
+# boundary 32: it hits 32 (and turn 2 stops at the junction 64, where turn 1's KV ends).
 SESSION_HITS = {
     "sglang": [0, 69],
     "sglang-extra-buffer": [0, 0],  # no tracked state below 64 / 256 (see RETRY_HITS)
     "sglang-used": [0, 69],
-    "vllm": [0, 69 // BLOCK * BLOCK],
-    "vllm-all": [0, 69 // BLOCK * BLOCK],  # the same states: 32, and 64 while decoding
+    "vllm": [0, BLOCK],
+    "vllm-0.20-all": [0, 69 // BLOCK * BLOCK],
     "marconi": [0, 69],
     "mambaradix": [0, 69],
 }
@@ -160,11 +162,12 @@ SHARED_HITS = {
     "sglang": [0, 40, 40, 40],
     "sglang-used": [0, 40, 40, 40],
     "sglang-extra-buffer": [0, 0, 0, 0],  # 20-token extends: never >= the 64 chunk
-    # vllm: chunk = max(32, 20 // 32 * 32) = 32; ends 32 and 60 -> aligned 32;
-    # decode crossing 64 (= committed). Hits floor(50 / 32) * 32 = 32.
+    # vllm: 20-token steps under a 32-token block advance sub-block and re-align:
+    # they end at 20, 32, 52, 60; the replay boundary floor(59 / 32) * 32 = 32 is
+    # kept. Later requests share 50 tokens: KV to 32 and the state there: hit 32.
     "vllm": [0] + [50 // BLOCK * BLOCK] * 3,
-    # vllm-all: every boundary below 60: only 32 (and 64 while decoding).
-    "vllm-all": [0] + [50 // BLOCK * BLOCK] * 3,
+    # vllm-0.20-all: every boundary below 60: only 32 (and 64 while decoding).
+    "vllm-0.20-all": [0] + [50 // BLOCK * BLOCK] * 3,
     # marconi: the 2nd finds 50 tokens of KV but no state there: hit 0, and it
     # checkpoints the branch point 50. Pays off from the 3rd occurrence.
     "marconi": [0, 0, 50, 50],
@@ -179,7 +182,7 @@ def test_tiny_profile_vllm_block_is_32_tokens() -> None:
     assert BLOCK == 32
     pol = make_policy("vllm")
     ServingModel(Trace("t", [RETRY[0]], 1), TINY, pol, ServingConfig(memory_gb=BIG))
-    assert isinstance(pol, VLLM) and pol.block_units == BLOCK
+    assert isinstance(pol, VLLM) and pol.block == BLOCK
 
 
 @pytest.mark.parametrize("sequential", [False, True])
@@ -574,7 +577,7 @@ def test_memory_pressure_accounts_every_request(policy: str, rate: float | None)
     assert 0 <= m["token_hit_rate"] <= bound_token_hit_rate(trace)
 
 
-@pytest.mark.parametrize("policy", ALL)
+@pytest.mark.parametrize("policy", [p for p in ALL if p != "vllm"])
 def test_requests_that_can_never_fit_are_dropped(policy: str) -> None:
     # marconi-7b at 0.3 GB: 0.3e9 * (1 - 0.9/1.9) // 65536 = 2409 KV tokens. A
     # request is dropped exactly when its committed sequence exceeds the pool.
@@ -593,6 +596,35 @@ def test_requests_that_can_never_fit_are_dropped(policy: str) -> None:
     sim.cache.check_conservation()
 
 
+def test_vllm_drops_what_its_block_pool_never_holds() -> None:
+    # vLLM's one pool at 0.2 GB: marconi-7b's 80-token blocks of 80 x 65,536 B: 38 blocks,
+    # one the null block. Every request `vllm_fit` says never runs alone (its KV blocks,
+    # states and the admission reserve above the pool) is dropped. So is a request that
+    # runs alone but not with what it hits: vLLM holds the hit's blocks beside its
+    # running and kept states (admission counts them: `kv_cache_manager.py:531-545`,
+    # `single_type_kv_cache_manager.py:1792-1795`), and would leave it waiting.
+    from mambaradix.replay.fit import policy_fit
+    from mambaradix.replay.vllm_fit import runs_alone
+
+    trace, prof, cfg = (
+        multi_turn(sessions=16, seed=0),
+        get_profile("marconi-7b"),
+        ServingConfig(0.2),
+    )
+    sim = ServingModel(trace, prof, make_policy("vllm"), cfg)
+    sim.run()
+    assert sim.cache.kv.capacity == 37 * 80
+    never = policy_fit(trace, prof, cfg, "vllm").never_fit
+    index = {id(r): i for i, r in enumerate(trace.requests)}
+    dropped = sorted(index[id(r)] for r in sim.dropped)
+    assert never and set(never) <= set(dropped)
+    for i in set(dropped) - set(never):
+        assert runs_alone(trace.requests[i], 1, prof, cfg, "vllm")
+    assert len(sim.outcomes) + len(sim.dropped) == len(trace)
+    sim.cache.tree.check_invariants()
+    sim.cache.check_conservation()
+
+
 def run_sequential_under_pressure(policy: str) -> ServingModel:
     trace = shared_prefix(requests=100, seed=0)
     sim = ServingModel(trace, TINY, make_policy(policy), ServingConfig(0.01, sequential=True))
@@ -600,7 +632,29 @@ def run_sequential_under_pressure(policy: str) -> ServingModel:
     return sim
 
 
-@pytest.mark.parametrize("policy", ALL)
+def test_vllm_block_pool_under_pressure_holds_what_the_tree_holds() -> None:
+    # vllm: its own block pool (not the shared byte budget). Under pressure every KV
+    # page and state the tree holds is still in the pool (cached, or held by a running
+    # request), the pool's counts add up, and nothing leaks when the run ends.
+    sim = run_sequential_under_pressure("vllm")
+    pol = sim.policy
+    assert isinstance(pol, VLLM) and pol.pool is not None and pol.slots is not None
+    assert len(sim.outcomes) + len(sim.dropped) == len(sim.trace)
+    assert sim.cache.evictions["states"] > 0 and sim.cache.evictions["kv_tokens"] > 0
+    assert pol.pool.popped > 0 and not pol.pool.held and not pol.blocks.runs
+    pol.pool.check()
+    sim.cache.tree.check_invariants()
+    sim.cache.check_conservation()
+    tree = sim.cache.tree
+    books = pol.blocks
+    for page in {int(i) // pol.block for i in tree.all_kv_indices()}:
+        # its own copy is in the pool, or another copy of its block hash is
+        assert pol.pool.holds(("kv", page)) or books.tree_copy_hash[page] in books.hash_pages
+    for slot in tree.all_states():
+        assert all(pol.pool.holds(k) for k in pol.slots.keys(slot))
+
+
+@pytest.mark.parametrize("policy", [p for p in ALL if p != "vllm"])
 def test_sequential_shared_budget_under_pressure(policy: str) -> None:
     sim = run_sequential_under_pressure(policy)
     trace_len = len(sim.trace)

@@ -18,8 +18,9 @@ import pytest
 from mambaradix.lifecycle import Request
 from mambaradix.replay.bound import bound_hit_tokens
 from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import ORACLE, POLICIES, VLLM, PolicyContext, VLLMAll, make_policy
+from mambaradix.replay.policies import ORACLE, POLICIES, PolicyContext, VLLM020All, make_policy
 from mambaradix.replay.policies.constants import ORACLE_ALPHAS
+from mambaradix.replay.policies.vllm import VLLM
 from mambaradix.replay.run import oracle_runs, replay
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.sweep import sweep
@@ -38,64 +39,70 @@ LONG = [
 ]
 
 
-def test_vllm_align_caches_the_last_boundary_of_a_one_chunk_prefill() -> None:
-    # align: n = 100, last boundary 100 - 100 % 32 = 96. The one step of 100
-    # tokens would cross 96: it stops there (a state at 96) and the 4 tokens
-    # left follow; decoding ends at 103 < 128: no decode state; nothing at
-    # finish. The 2nd looks up 99 tokens of Q: its path leaves P at 70, below
-    # which no state lies: 0; it caches 96 of Q. The 3rd hits Q's 96.
+def test_vllm_keeps_the_replay_boundary_and_the_junction() -> None:
+    # vLLM 0.33.0 defaults (retention 0), block 32. The 1st computes P in one step whose
+    # forward exports its replay boundary floor(99 / 32) * 32 = 96: kept (no other
+    # state, none while decoding). The 2nd looks up 99 tokens of Q: KV is cached for the
+    # 64 tokens Q shares with P in whole blocks, but no state lies below 64: hit 0, and
+    # 64 is a junction, where its prefill stops and keeps the state, as it keeps its own
+    # replay boundary 96. The 3rd (Q again) hits 96.
     assert hits(LONG, "vllm") == [0, 0, 96]
 
 
-def test_vllm_all_caches_every_block_boundary() -> None:
+def test_vllm_020_all_caches_every_block_boundary() -> None:
     # all: states at 32, 64, 96 of P. The 2nd reaches P's state at 64 (<= 70)
     # and caches Q's boundary 96 (the next after 64). The 3rd hits 96.
-    assert hits(LONG, "vllm-all") == [0, 64, 96]
+    assert hits(LONG, "vllm-0.20-all") == [0, 64, 96]
 
 
-def test_vllm_align_floors_each_chunk_to_whole_blocks() -> None:
-    # 40-token chunks: vLLM floors each step to 32 tokens while it ends before
-    # 96 (steps end at 32, 64), and the step that reaches 96 ends there: the
-    # states are at 32, 64, 96, as in "all" mode. The 2nd reaches 64.
-    assert hits(LONG, "vllm", chunk=40) == [0, 64, 96]
+def test_vllm_keeps_no_chunk_end_unless_dense() -> None:
+    # 40-token chunks: vLLM floors each step to 32 tokens while it ends before the
+    # prefill end (steps end at 32, 64, then 100, whose forward exports 96). By
+    # default only 96 is kept: the 2nd finds P's KV to 64 and no state (hit 0, a
+    # junction at 64). Dense retention keeps 32 and 64 too: the 2nd hits 64.
+    assert hits(LONG, "vllm", chunk=40) == [0, 0, 96]
+    assert hits(LONG, "vllm@dense", chunk=40) == [0, 64, 96]
 
 
-def test_vllm_caches_block_boundaries_reached_while_decoding() -> None:
-    # A 20-token prompt (no boundary in prefill) and a 50-token answer:
-    # decoding computes positions 20..68 and passes 32 and 64: states there,
-    # none at finish (69 is mid-block). The next turn (prompt + answer + 10
-    # tokens) looks up 79 tokens and reaches 64.
+def test_vllm_keeps_decode_boundaries_only_when_dense() -> None:
+    # A 20-token prompt (no boundary before it) and a 50-token answer: decoding passes
+    # 32 and 64. By default no decode state is kept; the next turn (prompt + answer +
+    # 10 tokens, 79 looked up) finds the turn's KV to 64 (its output blocks are
+    # cached) and no state: hit 0, a junction at 64. Dense keeps 32 and 64: hit 64.
     first, answer = toks(1, 20), toks(500, 50)
     turns = [
         req(0, 0, 0.0, first, answer),
         req(0, 1, 100.0, first + answer + toks(900, 10), toks(950, 3)),
     ]
-    assert hits(turns, "vllm") == [0, 64]
-    assert hits(turns, "vllm-all") == [0, 64]
+    assert hits(turns, "vllm") == [0, 0]
+    assert hits(turns, "vllm@dense") == [0, 64]
+    assert hits(turns, "vllm@64") == [0, 64]  # interval 64: 64 kept, 32 not
+    assert hits(turns, "vllm-0.20-all") == [0, 64]
 
 
 def test_vllm_stops_follow_the_aligned_split() -> None:
-    # vLLM's _mamba_block_aligned_split, by hand, with a 1,040-token block and
-    # an 8,192-token budget (floored to 7 blocks = 7,280): a 10,000-token
-    # prompt from 0 runs 7,280, then stops at the last boundary 9,360, then
-    # the rest. From a 1,040-token hit: 1,040 + 7,280 = 8,320, then 9,360.
-    pol = VLLM()
+    # vLLM's _mamba_block_aligned_split, by hand, with a 1,040-token block and an
+    # 8,192-token budget (floored to 7 blocks = 7,280): a 10,000-token prompt from 0 runs
+    # 7,280, then to the end, its forward exporting the replay boundary 9,360 (Mamba2),
+    # where our scheduler stops to keep it. From a 1,040-token hit: 1,040 + 7,280 = 8,320.
     prof = get_profile("nemotron-h-8b")
     assert prof.vllm_block_tokens == 1040
-    pol.attach(PolicyContext(prof, 1, 8192, prof.kv_bytes_per_token))
+    trace = Trace("t", [req(0, 0, 0.0, toks(0, 10_000), toks(50_000, 2))])
+    model = ServingModel(trace, prof, make_policy("vllm"), ServingConfig(40))
+    pol = model.policy
     r = Request(array("q", range(10_000)))
     assert pol.stops(r) == [7280, 9360]
-    r.computed = 1040
+    r.prefix_len = r.computed = 1040
     assert pol.stops(r) == [8320, 9360]
-    r.computed = 9360
+    r.prefix_len = r.computed = 9360
     assert pol.stops(r) == []
 
 
-def test_vllm_all_falls_back_to_align_where_vllm_does() -> None:
+def test_vllm_020_all_falls_back_to_align_where_vllm_did() -> None:
     # vLLM 0.20.0 runs "all" mode for NemotronH (block 1,152: the Mamba chunk
     # grid) but not for Qwen3-Next, which falls back to "align" (block 576).
     nemo, qwen = get_profile("nemotron-h-8b"), get_profile("qwen3-next-80b-a3b")
-    a, b = VLLMAll(), VLLMAll()
+    a, b = VLLM020All(), VLLM020All()
     a.attach(PolicyContext(nemo, 1, 8192, nemo.kv_bytes_per_token))
     b.attach(PolicyContext(qwen, 1, 8192, qwen.kv_bytes_per_token))
     assert (a.all_mode, a.block_units) == (True, 1152)
@@ -105,13 +112,25 @@ def test_vllm_all_falls_back_to_align_where_vllm_does() -> None:
     assert b.stops(r) == [2880]  # align: one step, stopped at 3000 - 3000 % 576
 
 
-@pytest.mark.parametrize("policy", ["vllm", "vllm-all"])
-def test_vllm_states_cost_a_padded_page_per_layer(policy: str) -> None:
+def test_vllm_020_states_cost_a_padded_page_per_layer() -> None:
     # 0.05 GB x 0.9/1.9 for states: 23,684,210 bytes // 32,000 = 740 slots
     # (SGLang's 20,000-byte state would give 1,184).
-    sim = ServingModel(Trace("t", LONG[:1], 1), TINY, make_policy(policy), ServingConfig(BIG))
+    cfg = ServingConfig(BIG)
+    sim = ServingModel(Trace("t", LONG[:1], 1), TINY, make_policy("vllm-0.20-all"), cfg)
     assert TINY.vllm_state_bytes == 32_000
     assert sim.cache.slots.capacity == int(BIG * 1e9 * 0.9 / 1.9) // 32_000 == 740
+
+
+def test_vllm_draws_kv_and_states_from_one_block_pool() -> None:
+    # vLLM 0.33.0: 0.05 GB of 32-token blocks of 32,000 bytes (32 x 1,000 B of KV) is
+    # 1,562 blocks, one of them the null block; a state (32,000 bytes padded) is one
+    # block, a block of KV is one block, and both count against the same 1,561.
+    sim = ServingModel(Trace("t", LONG[:1], 1), TINY, make_policy("vllm"), ServingConfig(BIG))
+    pol = sim.policy
+    assert isinstance(pol, VLLM) and pol.pool is not None and pol.slots is not None
+    assert (pol.pool.capacity, pol.slots.groups, sim.cache.page_size) == (1561, 1, 32)
+    assert sim.cache.kv.available_size() == 1561 * 32
+    assert sim.cache.slots.available_size() == 1561
 
 
 # ---------------------------------------------------------------- oracle

@@ -1,4 +1,4 @@
-"""`mambaradix replay --policy vllm,vllm-all,marconi,marconi-oracle,mambaradix`
+"""`mambaradix replay --policy vllm,vllm-0.20-all,marconi,marconi-oracle,mambaradix`
 on every bundled workload (its first requests) and on a trace file by path, in
 both disciplines."""
 
@@ -13,7 +13,7 @@ import pytest
 from mambaradix.cli import main
 from mambaradix.replay.workloads import BUNDLED
 
-POLICIES = ["vllm", "vllm-all", "marconi", "marconi-oracle", "mambaradix"]
+POLICIES = ["vllm", "vllm-0.20-all", "marconi", "marconi-oracle", "mambaradix"]
 DISCIPLINES = {"serving": [], "sequential": ["--sequential", "--model", "marconi-7b"]}
 MEMORY = {"mooncake": "20"}  # GB; 2 GB for the others
 
@@ -58,12 +58,12 @@ RECORDS = [
     {"session_id": 1, "turn_id": 0, "ts": 200.0, "input_tokens": P, "output_tokens": [4, 5]},
 ]
 PROMPT = 40 + 80 + 40
-# vllm / vllm-all: blocks of 1,040 / 1,152 tokens (Nemotron-H-8B) and 80
+# vllm / vllm-0.20-all: blocks of 1,040 / 1,152 tokens (Nemotron-H-8B) and 80
 # (marconi-7b, align in both: no "all" mode for it) lie beyond every prompt:
 # 0. marconi (every alpha): r1 reuses r0's finished state at 40 + 30 - 1 =
 # 69; r2's 39-token lookup finds KV but no state (it checkpoints its branch
 # point there): 0. mambaradix: also r0's input - 1 = 39, which r2 hits.
-HITS = {"vllm": 0, "vllm-all": 0, "marconi": 69, "marconi-oracle": 69, "mambaradix": 69 + 39}
+HITS = {"vllm": 0, "vllm-0.20-all": 0, "marconi": 69, "marconi-oracle": 69, "mambaradix": 69 + 39}
 
 
 @pytest.mark.parametrize("discipline", list(DISCIPLINES))

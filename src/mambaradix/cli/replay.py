@@ -64,6 +64,12 @@ def add(p: argparse.ArgumentParser) -> None:
         default=None,
         help="comma-separated (default: all but marconi-oracle, which is a run per alpha)",
     )
+    p.add_argument(
+        "--vllm-retention",
+        default=None,
+        help="vllm: vLLM's --prefix-cache-retention-interval, tokens (a multiple of its block) "
+        "or 'dense' (default 0: only the replay boundary and shared-prefix junctions)",
+    )
     p.add_argument("--sequential", action="store_true", help="Marconi's simulator discipline")
     p.add_argument(
         "--state-fraction",
@@ -191,6 +197,7 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
         raise UsageError(
             f"--policy: unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}"
         )
+    retention_policies(args, profile)
     if scale.cluster is not None and ORACLE in (args.policy or []):
         raise UsageError(f"--policy {ORACLE} (a run per alpha) has no --instances form")
     if args.sequential and args.state_fraction:
@@ -236,6 +243,29 @@ def resolve_model(model: str, state_dtype: str = "auto") -> ModelProfile:
             "approximate state, so outputs differ from an uncached run"
         )
     return profile
+
+
+def retention_policies(args: argparse.Namespace, profile: ModelProfile) -> None:
+    """With --vllm-retention, the vllm row runs at that interval (`vllm@N`, `vllm@dense`)."""
+    from mambaradix.replay.policies import SINGLE_RUN
+    from mambaradix.replay.policies.vllm import parse_retention, retention_name
+
+    if args.vllm_retention is None:
+        return
+    try:
+        retention = parse_retention(args.vllm_retention, "--vllm-retention")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    block = profile.vllm_block_tokens
+    if retention and retention % block:
+        raise UsageError(
+            f"--vllm-retention {retention} must be a multiple of vLLM's block "
+            f"({block} tokens for {profile.name})"
+        )
+    names = list(args.policy or SINGLE_RUN)
+    if "vllm" not in names:
+        raise UsageError("--vllm-retention has no effect: --policy does not run vllm")
+    args.policy = [retention_name(retention) if p == "vllm" else p for p in names]
 
 
 def default_track_interval(page: int) -> int:
@@ -396,8 +426,8 @@ def warn_dropped(
     data: dict[str, Any], trace: Trace, profile: ModelProfile, base: ServingConfig
 ) -> None:
     """One stderr line per memory point at which requests were dropped."""
-    from mambaradix.replay.checks import policy_state_bytes, policy_strategy
-    from mambaradix.replay.fit import TRACK_SLOTS, fit
+    from mambaradix.replay.checks import policy_own_memory, policy_state_bytes, policy_strategy
+    from mambaradix.replay.fit import TRACK_SLOTS, fit, policy_fit
 
     groups: dict[tuple[float, float, int], list[str]] = {}
     for r in data["results"]:
@@ -406,11 +436,15 @@ def warn_dropped(
             named = groups.setdefault(key, [])
             named += [] if r["policy"] in named else [r["policy"]]  # once, with many routers
     for (mem, frac, n), policies in groups.items():
-        track = max(TRACK_SLOTS[policy_strategy(p)] for p in policies)
-        state = max(policy_state_bytes(p, profile) for p in policies)  # vLLM pads its states
         cfg = replace(base, memory_gb=mem, state_fraction=frac)
-        need = fit(trace, profile, cfg, track, state)
-        gb = need.gb_for_largest
+        own = [p for p in policies if policy_own_memory(p)]  # vLLM's block pool
+        pooled = [p for p in policies if p not in own]
+        gbs = [policy_fit(trace, profile, cfg, p).gb_for_largest for p in own]
+        if pooled:
+            track = max(TRACK_SLOTS[policy_strategy(p)] for p in pooled)
+            state = max(policy_state_bytes(p, profile) for p in pooled)
+            gbs.append(fit(trace, profile, cfg, track, state).gb_for_largest)
+        gb = max(gbs)
         why = f"serving every request needs about {gb:g} GB"
         if gb <= mem and base.sequential:
             why = "each fits alone, but not beside the states cached by then (--sequential)"

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from math import lcm
 
 from mambaradix.geometry.derive import StateDtypes, check_dtypes, uniform_cost
-from mambaradix.geometry.layers import RECURRENT_TYPES, Attention, GatedDeltaNet
+from mambaradix.geometry.layers import RECURRENT_TYPES, Attention, GatedDeltaNet, Mamba2
 from mambaradix.geometry.model import Geometry, check_geometry
 
 __all__ = [
@@ -121,6 +121,17 @@ class VllmBlock:
     all_mode_tokens: int
     """The block under vLLM 0.20.0's "all" mode (= `tokens` where unsupported)."""
     all_mode_supported: bool
+    group_size: int = 1
+    """Layers per KV cache group; one block id costs ``group_size`` pages
+    (``v1/core/kv_cache_planning.py:509-555``)."""
+    attention_groups: int = 1
+    mamba_groups: int = 1
+    """A state takes one block in every Mamba group (``block_pool.py:202-228``)."""
+    checkpoint_alignment: int | None = None
+    """The Mamba layers' prefill checkpoint alignment: the forward exports the state at
+    the last block boundary of a prefill step (Mamba2 1, ``mamba_mixer2.py:1108-1118``;
+    FlashInfer GDN the block, ``qwen_gdn_linear_attn.py:739-760``); None where a layer
+    cannot (Mamba1), and the scheduler then ends a step there."""
 
     @property
     def page_bytes(self) -> int:
@@ -170,6 +181,7 @@ def vllm_block(
         align = lcm(align, gdn_checkpoint_alignment)
     tokens = align * _cdiv(mamba, align * attn)
     supported = geom.architecture in ALL_MODE_ARCHITECTURES
+    group, attention_groups, mamba_groups = _groups(len(geom.attention), len(rec))
     chunk = lcm(geom.mamba_chunk_size or ALL_MODE_CHUNK_DEFAULT, kernel_alignment)
     all_tokens = chunk * _cdiv(_cdiv(mamba, attn), chunk) if supported else tokens
     return VllmBlock(
@@ -182,4 +194,32 @@ def vllm_block(
         dtypes=dt,
         all_mode_tokens=all_tokens,
         all_mode_supported=supported,
+        group_size=group,
+        attention_groups=attention_groups,
+        mamba_groups=mamba_groups,
+        checkpoint_alignment=_checkpoint_alignment(rec, tokens, gdn_checkpoint_alignment),
     )
+
+
+def _groups(attention: int, recurrent: int) -> tuple[int, int, int]:
+    """``_get_kv_cache_groups_uniform_page_size``: the group size is the smaller layer
+    count, or the larger when it is under 1.5 times the smaller (padding the other);
+    returns (group size, attention groups, Mamba groups)."""
+    counts = [c for c in (attention, recurrent) if c]
+    group = min(counts)
+    if max(counts) < group * 1.5:
+        group = max(counts)
+    return group, _cdiv(attention, group), _cdiv(recurrent, group)
+
+
+def _checkpoint_alignment(
+    rec: tuple[object, ...], tokens: int, gdn_alignment: int | None
+) -> int | None:
+    """Mamba2 layers export at any offset (1); FlashInfer GDN layers on the block grid
+    (``get_mamba_prefill_checkpoint_grid`` without ``prefix_match_unit``); otherwise none.
+    The scheduler takes exported checkpoints only when every Mamba layer can."""
+    if all(isinstance(x, Mamba2) for x in rec):
+        return 1
+    if gdn_alignment and all(isinstance(x, GatedDeltaNet) for x in rec):
+        return tokens
+    return None

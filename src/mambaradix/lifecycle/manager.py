@@ -97,6 +97,10 @@ class CacheManager:
     allocation falls short (default: the tree's LRU eviction); eviction
     policies plug in here. `track_slots` is the ping-pong size of
     extra_buffer (2, SGLang's default with the overlap scheduler).
+    `page_checkpoints`: no_buffer on a paged tree, for a caller that
+    checkpoints only at page ends and never inserts at finish (vLLM's align
+    mode, the replay's `vllm` row); a checkpoint elsewhere is refused by the
+    tree.
     """
 
     def __init__(
@@ -111,8 +115,9 @@ class CacheManager:
         track_slots: int = 2,
         evictor: Evictor = lru_evictor,
         sglang_rules: bool | None = None,
+        page_checkpoints: bool = False,
     ) -> None:
-        _check_setup(tree, kv, strategy, track_slots)
+        _check_setup(tree, kv, strategy, track_slots, page_checkpoints)
         self.tree, self.kv, self.slots, self.states, self.rows = tree, kv, slots, states, rows
         self.strategy = strategy
         self.extra_buffer = strategy == "extra_buffer"
@@ -181,12 +186,14 @@ class CacheManager:
         return True
 
     def _cow_destination(self, node: Any) -> int | None:
+        # The source is pinned while a slot is found: an allocator that evicts as it
+        # allocates (the replay's vLLM block pool) must not take the state being copied.
+        receipt = self.tree.inc_lock_ref(node)
         got = self.slots.alloc(1)
-        if got is None:  # evict one state while the source is pinned
-            receipt = self.tree.inc_lock_ref(node)
+        if got is None:  # evict one state
             self._release(self.evictor(self.tree, 0, 1))
-            self.tree.dec_lock_ref(receipt)
             got = self.slots.alloc(1)
+        self.tree.dec_lock_ref(receipt)
         return None if got is None else int(got[0])
 
     def unmatch(self, req: Request) -> None:
@@ -532,10 +539,12 @@ def _check_batch(reqs: Sequence[Request], lens: Sequence[int], context: int | No
             )
 
 
-def _check_setup(tree: MambaRadixCache, kv: Any, strategy: str, track_slots: int) -> None:
+def _check_setup(
+    tree: MambaRadixCache, kv: Any, strategy: str, track_slots: int, page_checkpoints: bool
+) -> None:
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    if strategy == "no_buffer" and tree.page_size != 1:
+    if strategy == "no_buffer" and tree.page_size != 1 and page_checkpoints is not True:
         raise ValueError(
             "page_size must be 1 with strategy='no_buffer' (states sit at exact token ends); "
             "use strategy='extra_buffer' for larger pages"

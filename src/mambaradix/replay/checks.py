@@ -77,6 +77,14 @@ def policy_state_bytes(policy: str, profile: ModelProfile) -> int:
     return _instance(policy).state_bytes(profile)
 
 
+def policy_own_memory(policy: str) -> bool:
+    """Whether a known policy's upstream lays out its own memory (vLLM's one block pool,
+    `Policy.build_memory`) rather than the replay's pools."""
+    from mambaradix.replay.policies.base import Policy
+
+    return type(_instance(policy)).build_memory is not Policy.build_memory
+
+
 def _instance(policy: str) -> Policy:
     from mambaradix.replay.policies import ORACLE, make_policy
 
@@ -96,7 +104,18 @@ def unpaged_policies(policies: list[str], trace: Trace, cfg: ServingConfig) -> l
             f"page_size {cfg.page_size} needs the split pools: sequential (Marconi's shared "
             "byte budget) allocates KV one token at a time"
         )
-    return [p for p in policies if page > 1 and policy_strategy(p) == "no_buffer"]
+    return [
+        p
+        for p in policies
+        if page > 1 and policy_strategy(p) == "no_buffer" and not policy_own_page(p)
+    ]
+
+
+def policy_own_page(policy: str) -> bool:
+    """Whether a known policy fixes the tree's page itself (vLLM's block)."""
+    from mambaradix.replay.policies.base import Policy
+
+    return type(_instance(policy)).tree_page is not Policy.tree_page
 
 
 def check_instanced(policies: list[str], name: str) -> None:

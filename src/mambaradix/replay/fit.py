@@ -194,22 +194,36 @@ def check_memory(
     `strategies` (policy -> strategy), the state pool is too small for a
     request that reuses a state, or not one request fits. A known policy's
     states cost what it says (`checks.policy_state_bytes`: vLLM pads them)."""
-    from mambaradix.replay.checks import policy_state_bytes
+    from mambaradix.replay.checks import policy_own_memory, policy_state_bytes
     from mambaradix.replay.policies import is_known
 
     fits: dict[tuple[int, int], Fit] = {}
     keys = {}
+    own: dict[str, Fit] = {}  # policies with their upstream's own memory (vLLM's block pool)
     for policy, strategy in strategies.items():
+        if is_known(policy) and policy_own_memory(policy):
+            own[policy] = policy_fit(trace, profile, cfg, policy)
+            continue
         track = TRACK_SLOTS[strategy]
         sb = policy_state_bytes(policy, profile) if is_known(policy) else profile.state_bytes
         keys[policy] = (track, sb)
         fits[(track, sb)] = fits.get((track, sb)) or fit(trace, profile, cfg, track, sb)
     # the advice is the memory that serves every request under every policy of the run
-    gb = max(f.gb_for_largest for f in fits.values())
+    gb = max(f.gb_for_largest for f in [*fits.values(), *own.values()])
     for policy, strategy in strategies.items():
         who = f"policy {policy} ({strategy})"
-        _check_point(trace, cfg, fits[keys[policy]], who, keys[policy][0], name, gb)
-    return fits[max(fits)]
+        if policy in own:
+            _check_point(trace, cfg, own[policy], who, 0, name, gb)
+        else:
+            _check_point(trace, cfg, fits[keys[policy]], who, keys[policy][0], name, gb)
+    return fits[max(fits)] if fits else next(iter(own.values()))
+
+
+def policy_fit(trace: Trace, profile: ModelProfile, cfg: ServingConfig, policy: str) -> Fit:
+    """`fit` for a policy whose upstream lays memory out its own way (`vllm`)."""
+    from mambaradix.replay.vllm_fit import vllm_fit
+
+    return vllm_fit(trace, profile, cfg, policy)
 
 
 def _check_point(

@@ -239,15 +239,21 @@ class ServingModel:
     # ----------------------------------------------------------------- setup
 
     def _build_cache(self) -> CacheManager:
-        page = page_units(self.cfg.page_size, self.units.unit)
+        own_page = self.policy.tree_page(self.profile, self.units.unit)
+        page = own_page or page_units(self.cfg.page_size, self.units.unit)
         budget = int(self.cfg.memory_gb * 1e9)
         strategy = self.policy.strategy
-        if page > 1 and strategy == "no_buffer":
+        if page > 1 and strategy == "no_buffer" and own_page is None:
             raise ValueError(
                 f"policy {self.policy.name!r} (no_buffer) needs page_size 1; "
                 f"page_size {self.cfg.page_size} needs an extra_buffer policy"
             )
-        if self.cfg.kv_units is not None and self.cfg.state_slots is not None:
+        own = self.policy.build_memory(
+            self._budget_bytes(budget), self.kv_unit_bytes, self.profile, self.units.unit
+        )
+        if own is not None:
+            kv, slots = own
+        elif self.cfg.kv_units is not None and self.cfg.state_slots is not None:
             kv, slots = exact_pools(self.cfg.kv_units, self.cfg.state_slots, page)
         elif self.cfg.sequential:
             kv, slots = shared_pools(budget, self.kv_unit_bytes, self.state_bytes)
@@ -269,7 +275,14 @@ class ServingModel:
             strategy=strategy,
             evictor=self.policy.evict,
             sglang_rules=self.policy.sglang_rules,
+            page_checkpoints=own_page is not None,
         )
+
+    def _budget_bytes(self, budget: int) -> int:
+        """The memory in bytes; with exact pool sizes, what they take."""
+        if self.cfg.kv_units is None or self.cfg.state_slots is None:
+            return budget
+        return self.cfg.kv_units * self.kv_unit_bytes + self.cfg.state_slots * self.state_bytes
 
     def _scheduler_config(self) -> SchedulerConfig:
         unit, cfg = self.units.unit, self.cfg
@@ -292,6 +305,9 @@ class ServingModel:
             tree=self.cache.tree,
             state_bytes=self.state_bytes,
             shared_memory=self.cfg.sequential and self.cfg.kv_units is None,
+            budget_units=max(1, self.cfg.chunk_tokens // self.units.unit),
+            rows=self.cache.rows,
+            cache=self.cache,
         )
 
     # ------------------------------------------------------------------- run

@@ -96,7 +96,10 @@ class PrefillBudget:
     # ---------------------------------------------------------------- budgets
 
     def _free(self) -> int:
-        return self.cache.kv.available_size() + self.cache.tree.full_evictable_size()
+        kv = self.cache.kv
+        if getattr(kv, "reclaims_cache", False):  # its available size counts the cache
+            return kv.available_size()
+        return kv.available_size() + self.cache.tree.full_evictable_size()
 
     def rem_total(self) -> float:
         return self._free() - self.total_offset

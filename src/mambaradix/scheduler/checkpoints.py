@@ -14,6 +14,11 @@ our own policy live in `mambaradix.replay.policies`):
                         instead of the prompt end (an identical re-sent prompt
                         then hits, SGLang #22935)
 
+A policy may also have ``before_match(req)``, called before a waiting request
+is looked up (its match may allocate), and ``on_abort(req)``, called before a
+request that was looked up gives everything back unfinished: refused after its
+match, retracted or dropped.
+
 With the `extra_buffer` strategy the positions come from the tracking rule
 (chunk-aligned, in the strategy), so `stops` is not consulted; `cache_at`
 still decides whether a tracked state is kept at a chunk end.

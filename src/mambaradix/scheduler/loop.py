@@ -123,11 +123,18 @@ class Scheduler:
         for queue in (self.waiting, self.prefilling, self.running):
             if seq in queue:
                 queue.remove(seq)
+        self._on_abort(seq)
         if seq.req.admitted or seq.req.node is not None:
             self.cache.abort(seq.req)
         seq.status = ABORTED
         if self.on_abort is not None:
             self.on_abort(seq)
+
+    def _on_abort(self, seq: Sequence) -> None:
+        """Tell a policy that has the optional hook (see `checkpoints`)."""
+        hook = getattr(self.checkpoints, "on_abort", None)
+        if hook is not None:
+            hook(seq.req)
 
     @property
     def busy(self) -> bool:
@@ -217,8 +224,12 @@ class Scheduler:
     def _admit_one(self, budget: PrefillBudget, seq: Sequence) -> bool:
         """Match and add one waiting request; False to stop adding."""
         req = seq.req
+        hook = getattr(self.checkpoints, "before_match", None)
+        if hook is not None:
+            hook(req)
         if not self.cache.match(req, req.total_len - 1):
             self.batch_is_full = True  # no slot for its state copy: wait for a finish
+            self._on_abort(seq)
             return False
         seq.stops = [] if self.cache.extra_buffer else self.checkpoints.stops(req)
         result = budget.add_new(seq)
@@ -226,6 +237,7 @@ class Scheduler:
         if result == NO_TOKEN:
             self.batch_is_full = True
         if not added:
+            self._on_abort(seq)
             self.cache.unmatch(req)
             seq.stops = []
         return result == CONTINUE
@@ -257,6 +269,7 @@ class Scheduler:
         to waiting (nothing held), part-way ones stay part-way."""
         for seq in seqs:
             if seq.status == WAITING:
+                self._on_abort(seq)
                 self.cache.abort(seq.req)
                 seq.stops = []
         self.batch_is_full = True
@@ -432,6 +445,7 @@ class Scheduler:
         """Retract: give the memory back and queue the sequence again (its
         outputs so far are kept and prefilled again with its prompt)."""
         seq.retracted_tokens += seq.admission_prefill
+        self._on_abort(seq)
         self.cache.abort(seq.req)
         seq.retractions += 1
         seq.stops = []

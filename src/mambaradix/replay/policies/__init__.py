@@ -9,8 +9,11 @@ tree and the same scheduler.
                          the branching point, every track_interval in decode)
     sglang-used          0.5.16+ (#31643): sglang's checkpoints; LRU refreshing
                          only the used state
-    vllm                 vLLM "align" mode: block-aligned step ends only; LRU
-    vllm-all             vLLM 0.20.0 "all" mode: every block boundary; LRU
+    vllm                 vLLM 0.33.0 with default arguments: align mode, only the
+                         prompt's replay boundary and shared-prefix junctions kept,
+                         one block pool for KV and states with vLLM's free queue
+                         (`vllm@dense`, `vllm@N`: other retention intervals)
+    vllm-0.20-all        vLLM 0.20.0 "all" mode: every block boundary; LRU
     marconi              branch point + last decoded token; FLOP-aware utility,
                          alpha tuned online by replaying recent requests
     marconi-oracle       marconi with the best alpha of a grid in hindsight
@@ -36,7 +39,8 @@ from mambaradix.replay.policies.base import (
 from mambaradix.replay.policies.mambaradix import ABLATIONS, MambaRadix
 from mambaradix.replay.policies.marconi import Marconi
 from mambaradix.replay.policies.sglang import SGLang, SGLangExtraBuffer, SGLangUsed
-from mambaradix.replay.policies.vllm import VLLM, VLLMAll
+from mambaradix.replay.policies.vllm import VLLM, parse_retention
+from mambaradix.replay.policies.vllm_020 import VLLM020All
 from mambaradix.scheduler import CHUNK, DECODED, FINISH, PROMPT_END, STOP
 
 ORACLE = "marconi-oracle"
@@ -47,7 +51,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "sglang-extra-buffer": SGLangExtraBuffer,
     "sglang-used": SGLangUsed,
     "vllm": VLLM,
-    "vllm-all": VLLMAll,
+    "vllm-0.20-all": VLLM020All,
     "marconi": Marconi,
     ORACLE: Marconi,  # run once per alpha of its grid by the replay
     "mambaradix": MambaRadix,
@@ -72,10 +76,30 @@ def fixed_alpha(name: str) -> float | None:
     return alpha if 0 <= alpha < float("inf") else None
 
 
+VLLM_RETENTION = "vllm@"
+"""`vllm@dense`, `vllm@4160`: vLLM 0.33.0 with another retention interval."""
+
+
+def vllm_retention(name: str) -> int | None | bool:
+    """The retention interval of a `vllm@N` / `vllm@dense` name (None: dense), else False."""
+    if not name.startswith(VLLM_RETENTION):
+        return False
+    try:
+        return parse_retention(name[len(VLLM_RETENTION) :])
+    except (TypeError, ValueError):
+        return False
+
+
 def is_known(name: str) -> bool:
     """A name `make_policy` builds, or `marconi-oracle`: a key of POLICIES, an
-    ablation of ours (`ABLATIONS`) or Marconi at a fixed alpha (`marconi@0.5`)."""
-    return name in POLICIES or name in ABLATIONS or fixed_alpha(name) is not None
+    ablation of ours (`ABLATIONS`), Marconi at a fixed alpha (`marconi@0.5`) or
+    vLLM at another retention interval (`vllm@dense`, `vllm@4160`)."""
+    return (
+        name in POLICIES
+        or name in ABLATIONS
+        or fixed_alpha(name) is not None
+        or vllm_retention(name) is not False
+    )
 
 
 def make_policy(name: str, **kwargs: Any) -> Policy:
@@ -88,6 +112,10 @@ def make_policy(name: str, **kwargs: Any) -> Policy:
     alpha = fixed_alpha(name)
     if alpha is not None:
         return Marconi(alpha=alpha, **kwargs)
+    retention = vllm_retention(name)
+    if retention is not False:
+        assert not isinstance(retention, bool)
+        return VLLM(retention=retention, **kwargs)
     if name not in POLICIES:
         raise KeyError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     return POLICIES[name](**kwargs)
@@ -114,9 +142,11 @@ __all__ = [
     "SGLangExtraBuffer",
     "SGLangUsed",
     "VLLM",
-    "VLLMAll",
+    "VLLM020All",
+    "VLLM_RETENTION",
     "evict_in_order",
     "fixed_alpha",
     "is_known",
     "make_policy",
+    "vllm_retention",
 ]

@@ -16,12 +16,13 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
 from mambaradix.core.tree import MambaRadixCache
-from mambaradix.lifecycle import Request
+from mambaradix.lifecycle import CacheManager, Request
+from mambaradix.lifecycle.manager import RowTable
 from mambaradix.scheduler import PROMPT_END, DefaultCheckpoints
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ class PolicyContext:
 
     profile: ModelProfile
     unit_tokens: int  # tokens per tree unit (1, or 512 for Mooncake blocks)
-    chunk_units: int  # prefill chunk size in units
+    chunk_units: int  # prefill chunk size in units (whole pages)
     kv_unit_bytes: int
     kv_capacity: int = 0  # KV pool size in units
     state_capacity: int = 0  # state pool size in slots
@@ -44,6 +45,9 @@ class PolicyContext:
     tree: MambaRadixCache | None = None  # the run's tree (for listener hooks)
     state_bytes: int = 0  # bytes of one state slot in this run (0: the profile's)
     shared_memory: bool = False  # KV and states draw on one byte budget (sequential)
+    budget_units: int = 0  # the configured prefill token budget in units (not paged)
+    rows: RowTable | None = None  # the request-to-token table (a request's KV indices)
+    cache: CacheManager | None = None  # the lifecycle (its eviction counters)
 
     def __post_init__(self) -> None:
         if not self.state_bytes:
@@ -142,6 +146,24 @@ class Policy:
 
     def on_request_done(self) -> None:
         """Called once per finished request (for tuning)."""
+
+    def on_abort(self, req: Request) -> None:
+        """Called before an admitted request gives everything back unfinished
+        (retracted or dropped)."""
+
+    def tree_page(self, profile: ModelProfile, unit_tokens: int) -> int | None:
+        """The tree's page in units when this policy's upstream fixes it (vLLM's
+        block; the policy then checkpoints only at page ends), else None (the
+        configured page)."""
+        return None
+
+    def build_memory(
+        self, budget: int, kv_unit_bytes: int, profile: ModelProfile, unit_tokens: int
+    ) -> tuple[Any, Any] | None:
+        """The KV and state allocators of a `budget`-byte memory, when this policy's
+        upstream lays its memory out its own way (vLLM's block pool); None for the
+        replay's pools (`replay.memory`)."""
+        return None
 
     def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
         return tree.evict(kv_tokens=kv_units, states=states)
