@@ -1,6 +1,6 @@
 """The same ``Scheduler`` over two caches, in lockstep: ``CacheManager`` on
-``MambaRadixCache(compat="sglang")`` (ours) and ``UpstreamLifecycle`` (SGLang 0.5.15.post1's own
-code, see ``upstream_lifecycle``), fed the same seeded request stream.
+``MambaRadixCache(compat="sglang-0.5.15.post1")`` (ours) and ``UpstreamLifecycle`` (SGLang
+0.5.15.post1's own code, see ``upstream_lifecycle``), fed the same seeded request stream.
 
 After every scheduler step both sides must agree on: what the step did, the queues (waiting,
 part-way through prefill, decoding), every in-flight request's computed / protected / cached
@@ -98,7 +98,7 @@ class Side:
 
 
 def lead_side(cfg: Config) -> Side:
-    tree = MambaRadixCache(page_size=cfg.page, chunk_size=cfg.chunk, compat="sglang")
+    tree = MambaRadixCache(page_size=cfg.page, chunk_size=cfg.chunk, compat="sglang-0.5.15.post1")
     kv: Any = TokenKVAllocator(cfg.kv_tokens)
     if cfg.page > 1:
         kv = PagedKVAllocator(cfg.kv_tokens, cfg.page)

@@ -438,7 +438,7 @@ def test_read_only_match_changes_nothing_and_answers_the_same() -> None:
     from mambaradix import MambaRadixCache
 
     def build() -> MambaRadixCache:
-        tree = MambaRadixCache(page_size=1, compat="sglang")
+        tree = MambaRadixCache(page_size=1, compat="sglang-0.5.15.post1")
         tree.insert(span(0, 10), span(100, 10), state=0)
         tree.insert(
             span(0, 10) + span(50, 5), span(100, 10) + span(200, 5), state=1, prev_prefix_len=10

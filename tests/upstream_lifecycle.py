@@ -507,7 +507,7 @@ class UpstreamLifecycle:
         self.tree = _View(
             chunk_size=chunk_size,
             page_size=page_size,
-            compat="sglang",
+            compat="sglang-0.5.15.post1",
             full_evictable_size=inner.full_evictable_size,
             full_protected_size=inner.full_protected_size,
             state_evictable_size=inner.mamba_evictable_size,

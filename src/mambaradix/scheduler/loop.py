@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from mambaradix.core.compat import is_sglang
 from mambaradix.lifecycle import CacheManager
 from mambaradix.scheduler.budget import CONTINUE, NO_TOKEN, PrefillBudget
 from mambaradix.scheduler.checkpoints import (
@@ -69,7 +70,7 @@ class Scheduler:
         self.cache, self.forward, self.clock = cache, forward, clock
         self.config = config or SchedulerConfig()
         if checkpoints is None:
-            sglang = cache.tree.compat == "sglang"
+            sglang = is_sglang(cache.tree.compat)
             checkpoints = SGLangCheckpoints() if sglang else DefaultCheckpoints()
         self.checkpoints = checkpoints
         self.on_finish = on_finish
@@ -104,14 +105,15 @@ class Scheduler:
     def abort(self, seq: Sequence) -> None:
         """Stop a sequence wherever it is; everything it holds is given back.
 
-        With SGLang's rules (compat="sglang") a decoding sequence stops as in SGLang
-        0.5.15.post1 (`Scheduler.abort_request`, "abort method 3": `req.to_finish`): it runs
-        one more decode step and then finishes like any other, its tokens cached
-        (`cache_finished_req` with is_insert=True); its status becomes ABORTED then.
+        On an SGLang compat tree a decoding sequence stops as in SGLang (0.5.15.post1 and
+        0.5.23, `Scheduler.abort_request`, "abort method 3": `req.to_finish`): it runs one
+        more decode step and then finishes like any other, its tokens cached
+        (`cache_finished_req` with is_insert=True / `release_kv_cache` with checkpoint=True);
+        its status becomes ABORTED then.
         A sequence that already ended holds nothing: aborting it changes nothing."""
         if seq.status in (FINISHED, ABORTED):
             return
-        if seq.status == RUNNING and self.cache.tree.compat == "sglang":
+        if seq.status == RUNNING and is_sglang(self.cache.tree.compat):
             seq.to_finish = True
             return
         self._drop(seq)
