@@ -5,7 +5,7 @@ dev/test-only download in ``.cache/sglang/``), extracts the files asked for into
 ``.cache/sglang/src/<wheel>/`` and imports them as the real modules, under the package name
 ``<prefix>`` instead of ``sglang`` (``sglang_v0_5_23.srt.mem_cache...``): the ``sglang`` of
 their import statements is rewritten to that name (a copy of each file next to the extracted
-one, ``.cache/sglang/src/<wheel>-as-<prefix>/``, checked with ``ast`` to leave no import of
+one, ``.cache/sglang/src/<wheel>-as-<prefix>-N/``, checked with ``ast`` to leave no import of
 ``sglang``; every line stays where it is in the wheel's file). So two releases load side by
 side in one process: ``upstream_sglang`` keeps ``sglang`` for 0.5.15.post1.
 
@@ -83,6 +83,9 @@ class _RenameImports(ast.NodeTransformer):
     def _rename(self, name: str) -> str:
         if name == "sglang" or name.startswith("sglang."):
             return self.prefix + name[len("sglang") :]
+        top = name.split(".", 1)[0]
+        if top in FOREIGN:
+            return f"{self.prefix}._foreign.{name}"
         return name
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.ImportFrom:
@@ -98,7 +101,28 @@ class _RenameImports(ast.NodeTransformer):
         return node
 
 
-_IMPORT = re.compile(r"^(\s*(?:from|import)\s+)sglang(?=[.\s])", re.MULTILINE)
+FOREIGN = ("triton", "sgl_kernel")
+"""GPU packages the loaded files import (not installed here): renamed to stand-ins under
+``<prefix>._foreign``, so nothing of theirs is visible outside these modules (torch probes
+for a real ``triton``)."""
+_RENAMED = "-as-{prefix}-2"  # the folder of renamed copies; bump when the renaming changes
+_IMPORT = re.compile(
+    r"^(\s*(?:from|import)\s+)(sglang|" + "|".join(FOREIGN) + r")(?=[.\s])", re.MULTILINE
+)
+
+
+_PLAIN_FOREIGN = re.compile(r"^(\s*)import (" + "|".join(FOREIGN) + r")[ \t]*$", re.MULTILINE)
+
+
+def _renamed_text(prefix: str, text: str) -> str:
+    # `import triton` keeps binding the name `triton`: `import <prefix>._foreign.triton as triton`
+    text = _PLAIN_FOREIGN.sub(lambda m: f"{m.group(1)}import {m.group(2)} as {m.group(2)}", text)
+    return _IMPORT.sub(lambda m: _renamed_import(prefix, m), text)
+
+
+def _renamed_import(prefix: str, match: re.Match[str]) -> str:
+    name = match.group(2)
+    return match.group(1) + (prefix if name == "sglang" else f"{prefix}._foreign.{name}")
 
 
 def _check_renamed(tree: ast.Module, member: str) -> None:
@@ -107,8 +131,9 @@ def _check_renamed(tree: ast.Module, member: str) -> None:
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
-        if any(n == "sglang" or n.startswith("sglang.") for n in names):
-            raise RuntimeError(f"{member}:{node.lineno}: an import was not renamed")
+        for top in ("sglang", *FOREIGN):
+            if any(n == top or n.startswith(top + ".") for n in names):
+                raise RuntimeError(f"{member}:{node.lineno}: an import was not renamed")
 
 
 def _code(path: Path) -> Any:
@@ -183,9 +208,9 @@ class WheelPackage(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def renamed(self, member: str) -> Path:
         """``member`` with its imports renamed, written once next to the extracted files (so
         Python caches its bytecode); the same lines as the wheel's file."""
-        target = self.root.parent / f"{self.root.name}-as-{self.prefix}" / member
+        target = self.root.parent / (self.root.name + _RENAMED.format(prefix=self.prefix)) / member
         if not target.is_file():
-            text = _IMPORT.sub(lambda m: m.group(1) + self.prefix, self.file(member).read_text())
+            text = _renamed_text(self.prefix, self.file(member).read_text())
             _check_renamed(ast.parse(text, str(target)), member)
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_suffix(f".tmp{os.getpid()}")
@@ -245,6 +270,7 @@ class WheelPackage(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if rel is None:
             return None
         member, is_pkg = self._member(rel)
+        is_pkg = is_pkg or rel.startswith("_foreign")
         origin = str(self.root / member) if member and rel in self.real else None
         return importlib.machinery.ModuleSpec(fullname, self, origin=origin, is_package=is_pkg)
 

@@ -134,6 +134,7 @@ SWEEP_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"policies": ["sglang", 3]}, TypeError, r"policies\[1\] must be a str, got int"),
     ({"policies": ["sglang", "sglang"]}, ValueError, "policies: 'sglang' is given twice"),
     ({"policies": ["nope"]}, ValueError, "policies: unknown policy nope"),
+    ({"policies": ["sglang-used"]}, ValueError, "policies: policy 'sglang-used' was retired"),
     ({"memories": []}, TypeError, "memories must be a non-empty list of numbers"),
     ({"memories": [1.0, NAN]}, ValueError, r"memories\[1\] must be a finite number"),
     ({"memories": [0.0]}, ValueError, r"memories\[0\] must be > 0"),

@@ -485,6 +485,7 @@ class UpstreamLifecycle:
         self.strategy, self.page_size = strategy, page_size
         self.track_slots = track_slots if self.extra_buffer else 0
         self.sglang = True  # SGLang's rules, by construction
+        self.rules = "sglang-0.5.15.post1"
         self._args = _ServerArgs(page_size, chunk_size, self.extra_buffer, track_interval)
         self._activate()
         self.kv_alloc = _kv_allocator(up, kv_tokens, page_size)

@@ -71,6 +71,15 @@ REAL = {
     f"{_UC}.components.full",
     f"{_UC}.components.mamba",
     f"{_UC}.components.swa",
+    # the scheduler helpers the lifecycle oracle drives (upstream_lifecycle_0523)
+    f"{_MC}.allocation",
+    f"{_MC}.common",
+    f"{_MC}.allocator",
+    f"{_MC}.allocator.base",
+    f"{_MC}.allocator.token",
+    f"{_MC}.allocator.paged",
+    f"{_MC}.allocator.mamba",
+    f"{_MC}.allocation_sizing",
 }
 
 
@@ -84,7 +93,7 @@ class Settings:
         self.chunk_size = 64  # mamba_cache_chunk_size: max(model mamba chunk, page)
         self.extra_buffer = False
         self.track_interval = 256
-        self.track_slots = 2  # mamba_ping_pong_track_buffer_size
+        self.page_size = 1
 
     def exec_bag(self) -> Any:
         mamba = SimpleNamespace(
@@ -93,7 +102,17 @@ class Settings:
             enable_mamba_extra_buffer_lazy=False,
             mamba_track_interval=self.track_interval,
         )
-        return SimpleNamespace(mamba=mamba)
+        features = SimpleNamespace(enable_encoder_swa_bounded_replay=False)
+        return SimpleNamespace(mamba=mamba, features=features)
+
+    def serving_bag(self) -> Any:
+        return SimpleNamespace(strip_thinking_cache=False)
+
+    def spec_bag(self) -> Any:
+        return SimpleNamespace(speculative_algorithm=None)
+
+    def parallel(self) -> Any:
+        return SimpleNamespace(dcp_enabled=False, attn_dcp_size=1)
 
 
 SETTINGS = Settings()
@@ -108,10 +127,36 @@ def _runtime_context(pkg: WheelPackage) -> dict[str, Any]:
         "get_exec": SETTINGS.exec_bag,
         "get_disagg": lambda: SimpleNamespace(disaggregation_mode="null"),
         "get_observability": lambda: SimpleNamespace(enable_metrics=False),
+        "get_serving": SETTINGS.serving_bag,
+        "get_spec": SETTINGS.spec_bag,
+        "get_parallel": SETTINGS.parallel,
+        "attention_backends": lambda: ("torch_native", "torch_native"),
     }
     grids: dict[str, tuple[str, ...] | None] = {"mamba_checkpoint_grid": None}
     grids["mamba_track_grid"] = None
     pkg.pick("sglang/srt/runtime_context.py", grids, ns)
+    return ns
+
+
+def _no(*args: Any, **kwargs: Any) -> bool:
+    return False
+
+
+def _jit(*args: Any, **kwargs: Any) -> Any:
+    """``triton.jit`` and ``triton.jit(...)``: the kernel is defined, never launched here."""
+    return args[0] if args and callable(args[0]) else (lambda fn: fn)
+
+
+def _utils(pkg: WheelPackage) -> dict[str, Any]:
+    """``srt.utils`` / ``srt.utils.common``: device probes answer "not this device", the
+    debug-flag reader answers False, arithmetic helpers compiled from the wheel's own file."""
+    ns: dict[str, Any] = dict.fromkeys(
+        ("is_npu", "is_cuda", "is_hip", "is_xpu", "is_cpu", "support_triton"), _no
+    )
+    ns.update(get_bool_env_var=_no, is_pin_memory_available=_no, torch=torch, Optional=Any)
+    ns["List"] = list
+    helpers = ("ceil_div", "ceil_align", "next_power_of_2", "get_num_new_pages", "async_h2d")
+    pkg.pick("sglang/srt/utils/common.py", dict.fromkeys(helpers), ns)
     return ns
 
 
@@ -141,7 +186,11 @@ def load_unified() -> WheelPackage:
     medium: dict[str, Any] = {"enum": enum}
     pkg.pick("sglang/srt/disaggregation/kv_events.py", {"StorageMedium": None}, medium)
     pkg.overrides["srt.disaggregation.kv_events"] = medium
-    pkg.overrides["srt.utils"] = {"is_npu": lambda: False}
+    pkg.overrides["srt.utils"] = _utils(pkg)
+    pkg.overrides["srt.utils.common"] = pkg.overrides["srt.utils"]
+    no_triton = SimpleNamespace(capabilities=SimpleNamespace(supports_triton=False))
+    pkg.overrides["srt.platforms"] = {"current_platform": no_triton}  # the naive allocators
+    pkg.overrides["_foreign.triton"] = {"jit": _jit}
     pkg.module(f"{_MC}.unified_radix_cache")
     _pkg = pkg
     return pkg
