@@ -257,8 +257,9 @@ def test_kv_overlap_over_credits_an_evicted_state_hybrid_does_not() -> None:
     # Eight state slots, policy sglang-0.5.15.post1 (LRU states; 3 free slots per admitted
     # request). r0 leaves two states: P's prompt end (32) and its finished sequence (39).
     # x1..x3 (unrelated, 10 s apart) leave two each; when x3 is admitted 2 slots are free, one
-    # is evicted and the least recently used state, P's, goes: P becomes a tombstone whose KV stays. r4 = P + 16 new tokens. Everything lands
-    # on instance 0 (both idle at every arrival, lowest index; nobody else holds anything).
+    # is evicted and the least recently used state, P's, goes: P becomes a tombstone whose KV
+    # stays. r4 = P + 16 new tokens. Everything lands on instance 0 (both idle at every
+    # arrival, lowest index; nobody else holds anything).
     x = [
         req(f"x{j}", 10.0 * j, span(2000 + 100 * j, 32), span(6000 + 10 * j, 8)) for j in (1, 2, 3)
     ]

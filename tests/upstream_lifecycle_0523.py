@@ -377,8 +377,7 @@ class UpstreamLifecycle0523:
         b.seq_lens = torch.tensor([u.extend_end for u in us_], dtype=torch.int64)
         b.seq_lens_cpu = b.seq_lens.clone()
         before = [
-            (u.kv.req_pool_idx, u.kv.mamba_pool_idx, u.kv.mamba_ping_pong_track_buffer)
-            for u in us_
+            (u.kv.req_pool_idx, u.kv.mamba_pool_idx, u.kv.mamba_ping_pong_track_buffer) for u in us_
         ]
         try:
             self.up.allocation.alloc_for_extend(b)
