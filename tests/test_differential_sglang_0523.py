@@ -79,3 +79,23 @@ def test_a_kv_only_leaf_survives_and_is_evicted_by_recency() -> None:
         got = tree.evict(kv_tokens=1)
         assert (got.kv_tokens, got.states, list(got.freed_kv)) == (2, 0, [10, 11])
         assert tree.match_prefix([7, 8, 9]).prefix_len == 2
+
+
+def test_a_branching_point_only_past_the_matched_state() -> None:
+    """0.5.23 reports a branching point only past the matched state (hand-built): states at 64
+    and 100, a key leaving the second edge at 90: the chunk-aligned KV hit is 64, the matched
+    state is at 64, so none (0.5.15.post1 and ours report 64)."""
+    key = list(range(100))
+    probe = key[:90] + [999, 998]
+    for tree in (
+        MambaRadixCache(page_size=1, chunk_size=64, compat="sglang-0.5.23"),
+        UpstreamUnifiedCache(page_size=1, chunk_size=64),
+    ):
+        tree.insert(key[:64], range(1000, 1064), 0)
+        tree.insert(key, range(1000, 1100), 1, prev_prefix_len=64)
+        got = tree.match_prefix(probe)
+        assert (got.prefix_len, got.kv_hit_len, got.branching_len) == (64, 90, None)
+    older = MambaRadixCache(page_size=1, chunk_size=64, compat="sglang-0.5.15.post1")
+    older.insert(key[:64], range(1000, 1064), 0)
+    older.insert(key, range(1000, 1100), 1, prev_prefix_len=64)
+    assert older.match_prefix(probe).branching_len == 64

@@ -19,7 +19,7 @@ wheel, `sglang/srt/mem_cache/`):
   the state phase is skipped when the KV phase already freed enough states.
 * State eviction walks the state list from its least recently used unlocked
   end: an unlocked leaf is deleted (its KV with it), any other node loses its
-  state (`components/mamba.py:393-459`).
+  state (`components/mamba.py:373-463`).
 
 Allocation-driven eviction (`evict_for_alloc`, `allocator/base.py:155-169`)
 evicts to an availability target, stopping at the first victim that meets it;
