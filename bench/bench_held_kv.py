@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_held_kv.py [--base 6b439c9 --repeats 7 --ops 40000 --parts]
 
 Replays `bench_vs_sglang.py`'s serving-like op sequence (same generator, same defaults),
-in one process, through three trees, in both modes (compat="sglang" and the default):
+in one process, through three trees, in both modes (compat="sglang-0.5.15.post1" and the default):
 
 * base:    the tree at commit `--base` (before any KV ownership check), exported from git
            into a scratch directory and imported under its own module objects;
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from drivers import REPO, replay_ours, warm_allocator  # noqa: E402
 from workload import OP_NAMES, WorkloadConfig, generate  # noqa: E402
 
-MODES = {"compat": "sglang", "default": None}
+MODES = {"compat": "sglang-0.5.15.post1", "default": None}
 TREES = ("base", "nocheck", "head")
 PARTS = ("mark",)
 

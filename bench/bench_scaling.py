@@ -4,7 +4,8 @@
 
 Three implementations, each called the way `bench_vs_sglang.py` calls it (inputs pre-built,
 only the cache call timed): SGLang 0.5.15.post1's MambaRadixCache ("sglang"), ours with
-compat="sglang" ("compat") and ours with compat=None ("default"). Every cell is the median of
+compat="sglang-0.5.15.post1" ("compat") and ours with compat=None ("default"). Every cell is the
+median of
 `--reps` timed calls, in microseconds, with the empty perf_counter_ns pair subtracted.
 
 Table 1, key length L (1k-64k tokens), tree holding a few other sequences of length L:
@@ -175,7 +176,7 @@ class Ours:
             node.kv.node = node.st.node = None
 
 
-IMPLS = (lambda: Upstream(), lambda: Ours("sglang"), lambda: Ours(None))
+IMPLS = (lambda: Upstream(), lambda: Ours("sglang-0.5.15.post1"), lambda: Ours(None))
 NAMES = ("sglang", "compat", "default")
 
 

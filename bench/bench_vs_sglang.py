@@ -4,7 +4,7 @@
 
 Replays the same seeded op list (see `workload.py`) through
   (a) upstream: SGLang's own class, called directly as its scheduler does (`drivers.py`),
-  (b) ours with compat="sglang": the same decisions as upstream -- every match's prefix
+  (b) ours with compat="sglang-0.5.15.post1": the same decisions as upstream -- every match's prefix
       length and branching length, every insert's prefix length and state-existed flag, every
       eviction's counts, a hash of every 16th match's KV indices and the final sizes are
       asserted equal, so both time identical work,
@@ -73,14 +73,15 @@ def run_side(side: str, w: Workload, args: argparse.Namespace, limit: int | None
     try:
         if side == "upstream":
             return replay_upstream(w, args.page_size, args.chunk_size, limit)
-        compat = "sglang" if side == "ours_sglang" else None
+        compat = "sglang-0.5.15.post1" if side == "ours_sglang" else None
         return replay_ours(w, compat, args.page_size, args.chunk_size, limit)
     finally:
         gc.enable()
 
 
 def check_same(w: Workload, a: Replay, b: Replay) -> int:
-    """Assert ours(compat="sglang") decided exactly what upstream decided; returns ops compared."""
+    """Assert ours(compat="sglang-0.5.15.post1") decided exactly what upstream decided; returns
+    ops compared."""
     bad = [
         i for i in range(len(w.ops)) if a.sig[i] != b.sig[i] or (a.times[i] < 0) != (b.times[i] < 0)
     ]

@@ -58,7 +58,6 @@ OURS = "mambaradix"
 POLICIES = [
     "sglang",
     "sglang-extra-buffer",
-    "sglang-used",
     "vllm",
     "vllm-0.20-all",
     "marconi",

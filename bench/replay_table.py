@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import SINGLE_RUN
+from mambaradix.replay.policies import DEFAULT_RUN
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.sweep import sweep
 from mambaradix.replay.workloads import load
@@ -69,7 +69,7 @@ def main() -> None:
         data = sweep(
             trace,
             profile,
-            SINGLE_RUN,  # marconi-oracle (a run per alpha) is in bench/evaluate.py
+            DEFAULT_RUN,  # marconi-oracle (a run per alpha) is in bench/evaluate.py
             [float(m) for m in MEMORY[name]],
             ServingConfig(memory_gb=1.0),
             progress=False,

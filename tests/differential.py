@@ -62,20 +62,35 @@ def _short(x: Any) -> str:
     return text if len(text) < 400 else text[:400] + "..."
 
 
-def _cmp_match(step: int, a: Any, b: Any) -> None:
+def _cmp_match(step: int, a: Any, b: Any, kv_hit: bool = False) -> None:
     _same("match prefix_len", step, a.prefix_len, b.prefix_len)
     _same("match kv_indices", step, list(a.kv_indices), list(b.kv_indices))
     _same("match branching_len", step, a.branching_len, b.branching_len)
+    if kv_hit:
+        _same("match kv_hit_len", step, a.kv_hit_len, b.kv_hit_len)
 
 
 def run_differential(
-    ours: Any, theirs: Any, seed: int, n_ops: int, page_size: int, check_every: int = 0
+    ours: Any,
+    theirs: Any,
+    seed: int,
+    n_ops: int,
+    page_size: int,
+    check_every: int = 0,
+    unified: bool = False,
 ) -> dict[str, int]:
-    """Drive both caches through `n_ops` seeded operations; return op counts."""
+    """Drive both caches through `n_ops` seeded operations; return op counts.
+
+    unified: `theirs` is SGLang 0.5.23's cache (`upstream_unified`): also compare the full KV
+    hit of every match, and drive half of the evictions as its allocation-driven eviction
+    (`evict_for_alloc`, one resource, to an availability target) against our `evict` of the
+    same amount."""
     s = OpStream(seed, page_size)
     rng = s.rng
     held: list[tuple[Any, Any]] = []
     counts = {"insert": 0, "match": 0, "lock": 0, "unlock": 0, "evict": 0}
+    if unified:
+        counts["evict_for_alloc"] = 0
     for step in range(n_ops):
         r = rng.random()
         ns = s.namespace()
@@ -95,14 +110,13 @@ def run_differential(
         elif r < 0.70:
             counts["match"] += 1
             key = s.key(aligned=False)
-            _cmp_match(
-                step, ours.match_prefix(key, extra_key=ns), theirs.match_prefix(key, extra_key=ns)
-            )
+            a, b = ours.match_prefix(key, extra_key=ns), theirs.match_prefix(key, extra_key=ns)
+            _cmp_match(step, a, b, unified)
         elif r < 0.80:
             counts["lock"] += 1
             key = s.key(aligned=False)
             a, b = ours.match_prefix(key, extra_key=ns), theirs.match_prefix(key, extra_key=ns)
-            _cmp_match(step, a, b)
+            _cmp_match(step, a, b, unified)
             held.append((ours.inc_lock_ref(a.node), theirs.inc_lock_ref(b.node)))
         elif r < 0.90 and held:
             counts["unlock"] += 1
@@ -110,13 +124,16 @@ def run_differential(
             ours.dec_lock_ref(la)
             theirs.dec_lock_ref(lb)
         else:
-            counts["evict"] += 1
             kv_n = rng.choice((0, 0, 1, 3, 10, 40, 200))
             st_n = rng.choice((0, 0, 1, 2, 5, 20))
-            a, b = (
-                ours.evict(kv_tokens=kv_n, states=st_n),
-                theirs.evict(kv_tokens=kv_n, states=st_n),
-            )
+            evict = theirs.evict
+            if unified and rng.random() < 0.5:
+                counts["evict_for_alloc"] += 1
+                kv_n, st_n = (kv_n or 1, 0) if rng.random() < 0.5 else (0, st_n or 1)
+                evict = theirs.evict_for_alloc
+            else:
+                counts["evict"] += 1
+            a, b = ours.evict(kv_tokens=kv_n, states=st_n), evict(kv_tokens=kv_n, states=st_n)
             _same(
                 "evict",
                 step,

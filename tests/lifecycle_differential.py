@@ -1,6 +1,7 @@
 """The same ``Scheduler`` over two caches, in lockstep: ``CacheManager`` on
-``MambaRadixCache(compat="sglang")`` (ours) and ``UpstreamLifecycle`` (SGLang 0.5.15.post1's own
-code, see ``upstream_lifecycle``), fed the same seeded request stream.
+``MambaRadixCache(compat=<release>)`` (ours) and that release's own code (``UpstreamLifecycle``:
+SGLang 0.5.15.post1, see ``upstream_lifecycle``; ``UpstreamLifecycle0523``: 0.5.23, see
+``upstream_lifecycle_0523``), fed the same seeded request stream.
 
 After every scheduler step both sides must agree on: what the step did, the queues (waiting,
 part-way through prefill, decoding), every in-flight request's computed / protected / cached
@@ -97,8 +98,11 @@ class Side:
     done: list[Sequence] = field(default_factory=list)  # finished in the current step
 
 
-def lead_side(cfg: Config) -> Side:
-    tree = MambaRadixCache(page_size=cfg.page, chunk_size=cfg.chunk, compat="sglang")
+SGLANG_0_5_15, SGLANG_0_5_23 = "sglang-0.5.15.post1", "sglang-0.5.23"
+
+
+def lead_side(cfg: Config, release: str = SGLANG_0_5_15) -> Side:
+    tree = MambaRadixCache(page_size=cfg.page, chunk_size=cfg.chunk, compat=release)
     kv: Any = TokenKVAllocator(cfg.kv_tokens)
     if cfg.page > 1:
         kv = PagedKVAllocator(cfg.kv_tokens, cfg.page)
@@ -114,8 +118,13 @@ def lead_side(cfg: Config) -> Side:
     return _side("ours", cache, cfg)
 
 
-def upstream_side(cfg: Config) -> Side:
-    cache = UpstreamLifecycle(
+def upstream_side(cfg: Config, release: str = SGLANG_0_5_15) -> Side:
+    oracle: Any = UpstreamLifecycle
+    if release == SGLANG_0_5_23:
+        from upstream_lifecycle_0523 import UpstreamLifecycle0523
+
+        oracle = UpstreamLifecycle0523
+    cache = oracle(
         kv_tokens=cfg.kv_tokens,
         state_slots=cfg.state_slots,
         rows=cfg.rows,
@@ -251,12 +260,19 @@ class Outcome:
     worked_around: Counter[str] = field(default_factory=Counter)
 
 
-def run_lockstep(cfg: Config, shape: StreamShape, seed: int, check_every: int = 64) -> Outcome:
-    """Serve one seeded stream on both sides, comparing after every step."""
-    a, b = lead_side(cfg), upstream_side(cfg)
+def run_lockstep(
+    cfg: Config,
+    shape: StreamShape,
+    seed: int,
+    check_every: int = 64,
+    release: str = SGLANG_0_5_15,
+) -> Outcome:
+    """Serve one seeded stream on both sides (``release``: our compat and the oracle), comparing
+    after every step."""
+    a, b = lead_side(cfg, release), upstream_side(cfg, release)
     stream, rng = Stream(shape, seed), random.Random(seed ^ 0x5EED)
     out = Outcome()
-    where = f"config {cfg.name} seed {seed}"
+    where = f"{release} config {cfg.name} seed {seed}"
     while not stream.exhausted or a.sched.busy or b.sched.busy:
         for new in stream.arrivals():
             for side in (a, b):

@@ -134,6 +134,7 @@ SWEEP_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"policies": ["sglang", 3]}, TypeError, r"policies\[1\] must be a str, got int"),
     ({"policies": ["sglang", "sglang"]}, ValueError, "policies: 'sglang' is given twice"),
     ({"policies": ["nope"]}, ValueError, "policies: unknown policy nope"),
+    ({"policies": ["sglang-used"]}, ValueError, "policies: policy 'sglang-used' was retired"),
     ({"memories": []}, TypeError, "memories must be a non-empty list of numbers"),
     ({"memories": [1.0, NAN]}, ValueError, r"memories\[1\] must be a finite number"),
     ({"memories": [0.0]}, ValueError, r"memories\[0\] must be > 0"),
@@ -263,7 +264,12 @@ ENGINE_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"dtype": torch.float8_e4m3fn}, TypeError, "dtype must be torch.float32, torch.bfloat"),
     ({"checkpoints": 1}, TypeError, "checkpoints must be None or a CheckpointPolicy"),
     ({"evictor": 1}, TypeError, "evictor must be a callable"),
-    ({"sglang_rules": "yes"}, TypeError, "sglang_rules must be None or a bool, got str"),
+    ({"sglang_rules": "yes"}, ValueError, "sglang_rules must be an SGLang release name, got 'yes'"),
+    (
+        {"sglang_rules": 1},
+        TypeError,
+        "sglang_rules must be None, a bool or a release name, got int",
+    ),
     ({"net": "a model"}, TypeError, "net must be None or a torch.nn.Module, got str"),
     ({"prefix_cache": 1}, TypeError, "prefix_cache must be a bool, got int"),
     ({"kv_tokens": 0}, ValueError, "kv_tokens must be >= 1"),
@@ -288,7 +294,7 @@ ENGINE_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"page_size": 0}, ValueError, "page_size must be >= 1"),
     ({"page_size": 16}, ValueError, "page_size 16 needs strategy='extra_buffer'"),
     ({"strategy": "paged"}, ValueError, "strategy must be one of no_buffer, extra_buffer"),
-    ({"compat": "vllm"}, ValueError, "compat must be None or 'sglang', got 'vllm'"),
+    ({"compat": "vllm"}, ValueError, "compat must be one of"),
     ({"track_interval": 0}, ValueError, "track_interval must be >= 1"),
     (
         {"strategy": "extra_buffer", "state_slots": 3},
@@ -536,7 +542,7 @@ def test_submit_of_a_sequence_the_request_table_cannot_hold() -> None:
     assert mgr.kv.available_size() + mgr.tree.total_size()[0] == 200
 
 
-@pytest.mark.parametrize("compat", [None, "sglang"])
+@pytest.mark.parametrize("compat", [None, "sglang-0.5.15.post1", "sglang-0.5.23"])
 def test_abort_after_finish_keeps_the_sequence_finished(compat: str | None) -> None:
     """Aborting a sequence that already finished (a client gone after its answer)
     used to relabel it ABORTED; it holds nothing, so nothing happens."""

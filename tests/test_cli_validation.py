@@ -84,6 +84,7 @@ def test_replay_numbers(
     ("args", "says"),
     [
         (["--policy", "sglang,lru-magic"], "--policy: unknown policy lru-magic; choose from"),
+        (["--policy", "sglang-used"], "--policy: policy 'sglang-used' was retired: it modelled"),
         (["--model", "gpt-17"], "--model: unknown model profile 'gpt-17'; known: jamba"),
         (["--trace", "nope.jsonl"], "--trace: 'nope.jsonl' is neither a bundled workload"),
         (["--sequential", "--state-fraction", "0.3"], "--state-fraction has no effect with"),
@@ -275,14 +276,15 @@ def test_replay_plot_format_whose_program_is_missing(
 def test_replay_page_size_leaves_out_no_buffer_policies(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from mambaradix.replay.policies import SINGLE_RUN  # the default: all but marconi-oracle
+    # the default: all but marconi-oracle and the older SGLang release's rows
+    from mambaradix.replay.policies import DEFAULT_RUN
 
     args = ["replay", "--trace", "tiny.jsonl", "--model", "marconi-7b", "--memory", "1"]
     args += ["--page-size", "16", "--workers", "1", "--no-progress", "--json", "r.json"]
     assert main(args) == 0
     err = capsys.readouterr().err.strip().splitlines()
     # vllm keeps running: its tree's page is vLLM's block whatever --page-size says
-    no_buffer = [p for p in SINGLE_RUN if p not in ("sglang-extra-buffer", "vllm")]
+    no_buffer = [p for p in DEFAULT_RUN if p not in ("sglang-extra-buffer", "vllm")]
     why = "no_buffer needs --page-size 1 on a token-level trace, got 16"
     assert err == [f"warning: --page-size 16: left out {', '.join(no_buffer)} ({why})"]
     data = json.loads((cwd / "r.json").read_text())
@@ -486,6 +488,7 @@ def test_engine_kv_need_counts_an_answer_beyond_the_clip(
         [],
         ["--strategy", "extra_buffer", "--page-size", "16"],
         ["--strategy", "extra_buffer", "--page-size", "16", "--compat", "sglang"],
+        ["--strategy", "extra_buffer", "--page-size", "16", "--compat", "sglang-0.5.15.post1"],
     ],
 )
 def test_engine_runs_at_exactly_the_stated_need(

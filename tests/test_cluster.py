@@ -254,11 +254,12 @@ class Recording(Router):
 
 
 def test_kv_overlap_over_credits_an_evicted_state_hybrid_does_not() -> None:
-    # Eight state slots, policy sglang-used (LRU states). r0 leaves two states: P's prompt
-    # end (32) and its finished sequence (39). x1..x3 (unrelated, 10 s apart) leave two
-    # each; when x3 runs it needs a slot of its own and the least recently used state, P's,
-    # goes: P becomes a tombstone whose KV stays. r4 = P + 16 new tokens. Everything lands
-    # on instance 0 (both idle at every arrival, lowest index; nobody else holds anything).
+    # Eight state slots, policy sglang-0.5.15.post1 (LRU states; 3 free slots per admitted
+    # request). r0 leaves two states: P's prompt end (32) and its finished sequence (39).
+    # x1..x3 (unrelated, 10 s apart) leave two each; when x3 is admitted 2 slots are free, one
+    # is evicted and the least recently used state, P's, goes: P becomes a tombstone whose KV
+    # stays. r4 = P + 16 new tokens. Everything lands on instance 0 (both idle at every
+    # arrival, lowest index; nobody else holds anything).
     x = [
         req(f"x{j}", 10.0 * j, span(2000 + 100 * j, 32), span(6000 + 10 * j, 8)) for j in (1, 2, 3)
     ]
@@ -267,7 +268,7 @@ def test_kv_overlap_over_credits_an_evicted_state_hybrid_does_not() -> None:
     rows = {}
     for name in ("kv-overlap", "hybrid"):
         rec = Recording(make_router(name))
-        c = Cluster(trace, TINY, "sglang-used", cfg, rec, ClusterSpec(2))
+        c = Cluster(trace, TINY, "sglang-0.5.15.post1", cfg, rec, ClusterSpec(2))
         c.run()
         # At r4's routing, instance 0's tree holds P's 32 tokens of KV and no state in them.
         assert (rec.seen[4]["kv_now"][0], rec.seen[4]["usable"][0]) == (32, 0)
@@ -438,7 +439,7 @@ def test_read_only_match_changes_nothing_and_answers_the_same() -> None:
     from mambaradix import MambaRadixCache
 
     def build() -> MambaRadixCache:
-        tree = MambaRadixCache(page_size=1, compat="sglang")
+        tree = MambaRadixCache(page_size=1, compat="sglang-0.5.15.post1")
         tree.insert(span(0, 10), span(100, 10), state=0)
         tree.insert(
             span(0, 10) + span(50, 5), span(100, 10) + span(200, 5), state=1, prev_prefix_len=10

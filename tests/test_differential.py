@@ -1,4 +1,4 @@
-"""compat="sglang" makes the same decisions as SGLang 0.5.15.post1's own class.
+"""compat="sglang-0.5.15.post1" makes the same decisions as SGLang 0.5.15.post1's own class.
 
 Every result is compared after every operation: matched lengths and indices,
 branching lengths, freed KV and states, evicted counts, the four size counters.
@@ -27,7 +27,9 @@ def test_same_decisions_as_sglang(
 ) -> None:
     total = 0
     for seed in seeds:
-        ours = MambaRadixCache(page_size=page_size, chunk_size=chunk_size, compat="sglang")
+        ours = MambaRadixCache(
+            page_size=page_size, chunk_size=chunk_size, compat="sglang-0.5.15.post1"
+        )
         theirs = UpstreamCache(page_size=page_size, chunk_size=chunk_size)
         counts = run_differential(ours, theirs, seed, n_ops, page_size, check_every=97)
         assert min(counts.values()) > n_ops // 50, counts  # every kind of op was exercised

@@ -20,6 +20,8 @@ from mambaradix.replay.policies import (
     MambaRadix,
     PolicyContext,
     SGLang,
+    SGLang0515,
+    SGLang0515ExtraBuffer,
     SGLangExtraBuffer,
 )
 
@@ -27,12 +29,14 @@ CASES = [
     # (policy, engine keyword arguments)
     (DefaultPolicy, {"kv_tokens": 420, "state_slots": 10, "chunk_size": 32}),
     (SGLang, {"compat": "sglang", "kv_tokens": 420, "state_slots": 12, "chunk_size": 32}),
+    # SGLang 0.5.23 (compat "sglang") keeps no 3 free slots per request: less KV than
+    # for 0.5.15.post1 above, so that it evicts
     (
         SGLangExtraBuffer,
         {
             "compat": "sglang",
             "strategy": "extra_buffer",
-            "kv_tokens": 640,
+            "kv_tokens": 480,
             "state_slots": 16,
             "chunk_size": 64,
             "track_interval": 32,
@@ -44,30 +48,46 @@ CASES = [
             "compat": "sglang",
             "strategy": "extra_buffer",
             "page_size": 16,
-            "kv_tokens": 640,
+            "kv_tokens": 480,
             "state_slots": 16,
             "chunk_size": 64,
             "track_interval": 16,
         },
     ),
     # a page that does not divide SGLang's 64-token mamba chunk: both round the
-    # chunk up to whole pages (66)
+    # chunk up to whole pages (66); 0.5.23 tracks decode states on lcm(66, interval)
     (
         SGLangExtraBuffer,
         {
             "compat": "sglang",
             "strategy": "extra_buffer",
             "page_size": 3,
-            "kv_tokens": 639,
+            "kv_tokens": 399,
             "state_slots": 16,
             "chunk_size": 63,
-            "track_interval": 30,
+            "track_interval": 66,
         },
     ),
     (MambaRadix, {"kv_tokens": 420, "state_slots": 10, "chunk_size": 32}),
     # ours where every state slot is contended: admission compares with the
     # state it would displace, and eviction ranks by learned value
     (MambaRadix, {"kv_tokens": 360, "state_slots": 6, "chunk_size": 16}),
+    # the older release's rows (sglang-0.5.15.post1*): its 3 free slots per request evict
+    (
+        SGLang0515,
+        {"compat": "sglang-0.5.15.post1", "kv_tokens": 420, "state_slots": 12, "chunk_size": 32},
+    ),
+    (
+        SGLang0515ExtraBuffer,
+        {
+            "compat": "sglang-0.5.15.post1",
+            "strategy": "extra_buffer",
+            "kv_tokens": 640,
+            "state_slots": 16,
+            "chunk_size": 64,
+            "track_interval": 32,
+        },
+    ),
 ]
 
 

@@ -190,7 +190,8 @@ class IndexMachine(RuleBasedStateMachine):
 
 
 def _machine(compat: str | None, page: int, block: int) -> type[IndexMachine]:
-    name = f"Index{'Sglang' if compat else 'Default'}Page{page}Block{block}"
+    kind = "Default" if compat is None else compat.replace("-", "").replace(".", "_").title()
+    name = f"Index{kind}Page{page}Block{block}"
     machine = type(name, (IndexMachine,), {"COMPAT": compat, "PAGE": page, "BLOCK": block})
     machine.TestCase.settings = MACHINE_SETTINGS
     return machine
@@ -199,8 +200,9 @@ def _machine(compat: str | None, page: int, block: int) -> type[IndexMachine]:
 TestDefaultPage1Block2 = _machine(None, 1, 2).TestCase
 TestDefaultPage1Block3 = _machine(None, 1, 3).TestCase
 TestDefaultPage2Block4 = _machine(None, 2, 4).TestCase
-TestSglangPage1Block2 = _machine("sglang", 1, 2).TestCase
-TestSglangPage2Block2 = _machine("sglang", 2, 2).TestCase
+TestSglangPage1Block2 = _machine("sglang-0.5.15.post1", 1, 2).TestCase
+TestSglangPage2Block2 = _machine("sglang-0.5.15.post1", 2, 2).TestCase
+TestSglang0523Page2Block2 = _machine("sglang-0.5.23", 2, 2).TestCase
 
 
 # ------------------------------------------------ real page sizes, several workers
@@ -215,7 +217,7 @@ def _brute(tree: MambaRadixCache, q: list[int], size: int) -> tuple[int, int]:
     return kv, 0
 
 
-@pytest.mark.parametrize("compat", [None, "sglang"])
+@pytest.mark.parametrize("compat", [None, "sglang-0.5.15.post1", "sglang-0.5.23"])
 @pytest.mark.parametrize(("page", "mult"), [(16, 1), (16, 2), (64, 1)])
 def test_several_workers_at_real_page_sizes(compat: str | None, page: int, mult: int) -> None:
     """Three trees, one indexer fed their vLLM streams (one worker each); random inserts

@@ -38,7 +38,15 @@ def serve(mgr, pool, prompt, answer=(7, 8, 9), chunk=16):  # type: ignore[no-unt
 
 
 @pytest.mark.parametrize(
-    "compat,chunk,expected", [(None, 64, 39), ("sglang", 64, 0), (None, 16, 39), ("sglang", 16, 32)]
+    "compat,chunk,expected",
+    [
+        (None, 64, 39),
+        ("sglang-0.5.15.post1", 64, 0),
+        ("sglang-0.5.23", 64, 0),  # the single-output prompt-end rule is unchanged in 0.5.23
+        (None, 16, 39),
+        ("sglang-0.5.15.post1", 16, 32),
+        ("sglang-0.5.23", 16, 32),
+    ],
 )
 def test_identical_resent_prompt_hits(compat: str | None, chunk: int, expected: int) -> None:
     """#22935: upstream's input-1 lookup misses the prompt-end state, so an
@@ -217,7 +225,7 @@ def test_exception_from_the_forward_then_abort_leaks_nothing(
     assert mgr.tree.full_protected_size() == 0 and mgr.tree.state_protected_size() == 0
 
 
-@pytest.mark.parametrize("compat", [None, "sglang"])
+@pytest.mark.parametrize("compat", [None, "sglang-0.5.15.post1"])  # 0.5.23: its differential
 @pytest.mark.parametrize("strategy,page", CONFIGS)
 def test_randomized_runs_conserve_memory_at_every_step(
     compat: str | None, strategy: str, page: int
@@ -261,12 +269,12 @@ def test_retraction_requeues_and_recomputes() -> None:
 
 def test_default_hits_more_than_sglang_on_multi_turn() -> None:
     rates = {}
-    for compat in (None, "sglang"):
+    for compat in (None, "sglang-0.5.15.post1"):
         mgr, pool = make_manager(kv_tokens=5000, state_slots=64, rows=4, compat=compat)
         sched = make_scheduler(mgr, pool, chunk=64, running=2)
         seqs = drive(sched, pool, multi_turn_jobs(1, sessions=4, turns=6), 1, abort_rate=0.0)
         rates[compat] = sum(s.cached_tokens for s in seqs) / sum(s.prompt_tokens for s in seqs)
-    assert rates[None] > rates["sglang"] > 0
+    assert rates[None] > rates["sglang-0.5.15.post1"] > 0
 
 
 def test_lifecycle_misuse_raises_and_changes_nothing() -> None:

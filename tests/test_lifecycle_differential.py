@@ -1,13 +1,12 @@
 """The request lifecycle against SGLang 0.5.15.post1's own (issue 9, item 2).
 
-The same ``Scheduler`` runs over ``CacheManager(MambaRadixCache(compat="sglang"))`` and over
-``UpstreamLifecycle`` (SGLang's own cache, pools and allocation rules loaded from its wheel) in
-lockstep, on seeded streams; after every step the queues, every in-flight request's lengths, the
-tree's sizes and the free KV / state slots / rows must be equal, and every finished or aborted
-request's cached length (see ``lifecycle_differential``). Pools are sized as SGLang sizes them:
-``max_running_requests <= state slots // ratio`` (ratio 3, or 3 + ping-pong size with
-extra_buffer), so SGLang itself never stops on a missing state slot (``crashes`` stays empty).
-"""
+The same ``Scheduler`` runs over ``CacheManager(MambaRadixCache(compat="sglang-0.5.15.post1"))``
+and over ``UpstreamLifecycle`` (SGLang's own cache, pools and allocation rules loaded from its
+wheel) in lockstep, on seeded streams; after every step the queues, every in-flight request's
+lengths, the tree's sizes and the free KV / state slots / rows must be equal, and every finished or
+aborted request's cached length (see ``lifecycle_differential``). Pools are sized as SGLang sizes
+them: ``max_running_requests <= state slots // ratio`` (ratio 3, or 3 + ping-pong size with
+extra_buffer), so SGLang itself never stops on a missing state slot (``crashes`` stays empty)."""
 
 from __future__ import annotations
 
@@ -171,7 +170,7 @@ def test_upstream_match_with_a_limit_under_a_page_breaks_its_tree() -> None:
     with pytest.raises(AssertionError, match="parent does not have child key"):
         upstream.evict(kv_tokens=64)
 
-    ours = MambaRadixCache(page_size=64, chunk_size=64, compat="sglang")
+    ours = MambaRadixCache(page_size=64, chunk_size=64, compat="sglang-0.5.15.post1")
     ours.insert(key, array("q", range(100, 164)), 5)
     assert ours.match_prefix(key[:63]).prefix_len == 0
     assert ours.node_count() == 1

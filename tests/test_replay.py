@@ -11,7 +11,7 @@ Conventions of the serving model the arithmetic relies on (see `serving.py`):
   the hit is the deepest matched node that holds a state, capped at input - 1;
 * the finished sequence is inserted up to `committed = n_in + len(output) - 1`
   (the last decoded token is never fed back), with the final state there;
-* compat="sglang" (policy sglang) splits a partially matched edge on lookup,
+* an SGLang compat (policies sglang*) splits a partially matched edge on lookup,
   creating a stateless node.
 """
 
@@ -104,7 +104,8 @@ RETRY_HITS = {
     # a retry looks up input[:-1] = 39 tokens, which ends inside the 40-token
     # edge (split, stateless) -> cut back to the root: 0. Never better later.
     "sglang": [0, 0, 0],
-    "sglang-used": [0, 0, 0],  # the same checkpoints
+    "sglang-0.5.15.post1": [0, 0, 0],  # the same checkpoints
+    "sglang-0.5.15.post1-extra-buffer": [0, 0, 0],  # as sglang-extra-buffer below
     # sglang-extra-buffer tracks a prefill state only at chunk-aligned positions
     # (mamba chunk 64) of an extend of >= 64 tokens, and while decoding at
     # lengths that are multiples of 256: a 40-token prompt and a 69-token
@@ -138,7 +139,8 @@ SESSION = [req(0, 0, 0.0, PROMPT, ANSWER), req(0, 1, 100.0, TURN2, toks(8000, 5)
 SESSION_HITS = {
     "sglang": [0, 69],
     "sglang-extra-buffer": [0, 0],  # no tracked state below 64 / 256 (see RETRY_HITS)
-    "sglang-used": [0, 69],
+    "sglang-0.5.15.post1": [0, 69],
+    "sglang-0.5.15.post1-extra-buffer": [0, 0],
     "vllm": [0, BLOCK],
     "vllm-0.20-all": [0, 69 // BLOCK * BLOCK],
     "marconi": [0, 69],
@@ -160,7 +162,8 @@ SHARED_HITS = {
     # inside the 40..60 edge: the deepest state is at floor(50 / 20) * 20 = 40.
     # The 2nd computes from 40: no chunk end before 60, so no state at 50 ever.
     "sglang": [0, 40, 40, 40],
-    "sglang-used": [0, 40, 40, 40],
+    "sglang-0.5.15.post1": [0, 40, 40, 40],
+    "sglang-0.5.15.post1-extra-buffer": [0, 0, 0, 0],
     "sglang-extra-buffer": [0, 0, 0, 0],  # 20-token extends: never >= the 64 chunk
     # vllm: 20-token steps under a 32-token block advance sub-block and re-align:
     # they end at 20, 32, 52, 60; the replay boundary floor(59 / 32) * 32 = 32 is
@@ -191,7 +194,7 @@ def test_golden_retry(policy: str, sequential: bool) -> None:
     assert hits(RETRY, policy, sequential=sequential) == RETRY_HITS[policy]
 
 
-@pytest.mark.parametrize("policy", ["sglang", "sglang-used"])
+@pytest.mark.parametrize("policy", ["sglang", "sglang-0.5.15.post1"])
 def test_golden_retry_sglang_hits_only_chunk_ends(policy: str) -> None:
     # With 16-token chunks the 1st checkpoints 16, 32 (chunk ends) and 40: a
     # 39-token retry lookup reaches the chunk-end state at floor(39 / 16) * 16.
@@ -715,7 +718,7 @@ def test_mambaradix_beats_sglang_on_multi_turn_at_moderate_memory(seed: int) -> 
     prof, cfg = get_profile("nemotron-h-8b"), ServingConfig(memory_gb=4)
     ours = replay(trace, prof, "mambaradix", cfg)
     bound = bound_token_hit_rate(trace)
-    for baseline in ("sglang", "sglang-used"):
+    for baseline in ("sglang", "sglang-0.5.15.post1"):
         theirs = replay(trace, prof, baseline, cfg)
         assert theirs["states_evicted"] > 0  # a memory point with real pressure
         assert ours["token_hit_rate"] >= theirs["token_hit_rate"]

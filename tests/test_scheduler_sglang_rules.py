@@ -96,7 +96,7 @@ def test_headroom_before_an_admission_batch_is_three_slots_per_request() -> None
     # no eviction), each takes a running slot that the tree keeps -> 4 states, 2 free.
     # Then two requests in one batch: SGLang wants 3 x 2 = 6 free, has 2 -> evicts 4 states
     # (all of them, LRU first) -> 6 free, takes 2 -> 4 free; both finish: 2 states, 4 free.
-    mgr = manager("sglang", kv=1000, slots=6)
+    mgr = manager("sglang-0.5.15.post1", kv=1000, slots=6)
     sched = scheduler(mgr, chunk=None, running=2)
     old = _four_cached_prompts(sched)
     assert (states(mgr), mgr.slots.available_size()) == (4, 2)
@@ -132,7 +132,7 @@ def test_headroom_is_taken_again_before_every_later_chunk() -> None:
     #   so Q3 is the LRU unlocked state. Batch [X 20..25): 2 free < 3 -> evict Q3 -> (2, 3).
     #   X's prompt completes, its one token finishes it: its running slot goes to the tree at
     #   X@25 -> 3 states (X@10, X@20, X@25), 3 free.
-    mgr = manager("sglang", kv=1000, slots=6, rows=1)
+    mgr = manager("sglang-0.5.15.post1", kv=1000, slots=6, rows=1)
     sched = scheduler(mgr, chunk=10, running=1)
     qs = [tokens(100 * (i + 1), 8) for i in range(3)]
     for i, q in enumerate(qs):
@@ -197,7 +197,7 @@ def test_kv_eviction_takes_the_whole_allocation() -> None:
     # 60 KV tokens. Four 10-token requests each leave a 10-token leaf: tree 40, free 20.
     # A 25-token prompt does not fit in 20: SGLang evicts 25 tokens' worth, whole LRU leaves:
     # L1, L2 (20 < 25), L3 (30 >= 25) -> free 50; the prompt takes 25 -> free 25, tree 10 (L4).
-    mgr = manager("sglang", kv=60, slots=20)
+    mgr = manager("sglang-0.5.15.post1", kv=60, slots=20)
     leaves = [tokens(100 * (i + 1), 10) for i in range(4)]
     for leaf in leaves:
         _serve(mgr, leaf)
@@ -223,9 +223,11 @@ def test_paged_kv_eviction_adds_a_page_per_request() -> None:
     # Page 16, 192 KV tokens (12 pages). Four 32-token requests leave 2-page leaves: tree 128,
     # free 64. A 56-token prompt: SGLang over-estimates 56 + 16 (a page per request) = 72 > 64,
     # so it evicts 72 tokens' worth: L1, L2 (64 < 72), L3 (96) -> free 160; 56 tokens take
-    # 4 pages -> free 96, tree 32 (L4). Project rules: 8 short -> L1 only -> free 96 - 64 = 32.
+    # 4 pages -> free 96, tree 32 (L4). Project rules and SGLang 0.5.23 (evict_to_free_tokens:
+    # the shortfall): 8 short -> L1 only -> free 96 - 64 = 32.
     for compat, free, tree, kept in (
-        ("sglang", 96, 32, [0, 0, 0, 1]),
+        ("sglang-0.5.15.post1", 96, 32, [0, 0, 0, 1]),
+        ("sglang-0.5.23", 32, 96, [0, 1, 1, 1]),
         (None, 32, 96, [0, 1, 1, 1]),
     ):
         mgr = manager(compat, kv=192, slots=30, page=16, strategy="extra_buffer")
@@ -261,7 +263,9 @@ def test_no_prompt_end_checkpoint_for_a_request_finished_by_its_first_token() ->
     # scheduled; the prompt completes at 20 and its only token finishes it: cache_finished_req
     # at 20 (committed = input + output - 1), no prompt-end checkpoint.
     policy = Recording()
-    sched = scheduler(manager("sglang", kv=500, slots=12), chunk=8, running=2, policy=policy)
+    sched = scheduler(
+        manager("sglang-0.5.15.post1", kv=500, slots=12), chunk=8, running=2, policy=policy
+    )
     sched.submit(one_token(tokens(100, 20)))
     sched.run()
     assert policy.taken == [("chunk", 8), ("chunk", 16), (FINISH, 20)]
@@ -271,7 +275,9 @@ def test_a_request_that_goes_on_decoding_is_checkpointed_at_its_prompt_end() -> 
     # Same prompt, three output tokens: prompt-end checkpoint at 20 after the first token, two
     # decode steps (KV for positions 20, 21), finish at 22.
     policy = Recording()
-    sched = scheduler(manager("sglang", kv=500, slots=12), chunk=8, running=2, policy=policy)
+    sched = scheduler(
+        manager("sglang-0.5.15.post1", kv=500, slots=12), chunk=8, running=2, policy=policy
+    )
     sched.submit(Sequence(tokens(100, 20), 3, script=array("q", [7, 8, 9])))
     sched.run()
     assert policy.taken == [("chunk", 8), ("chunk", 16), (PROMPT_END, 20), (FINISH, 22)]
@@ -285,7 +291,7 @@ def test_a_decoding_request_aborted_runs_one_more_step_and_is_cached() -> None:
     # wanted. Step 1 prefills (first token, prompt-end checkpoint at 10), step 2 decodes the
     # second token. Abort: still running; step 3 decodes a third token and finishes it as
     # aborted, cached (cache_finished_req) at 10 + 3 - 1 = 12.
-    mgr = manager("sglang", kv=500, slots=12)
+    mgr = manager("sglang-0.5.15.post1", kv=500, slots=12)
     sched = scheduler(mgr, chunk=None, running=2)
     prompt = tokens(100, 10)
     seq = Sequence(prompt, 5, script=array("q", [1, 2, 3, 4, 5]))
@@ -324,7 +330,9 @@ def test_a_retracted_request_finished_by_its_prefill_gets_no_prompt_end_checkpoi
     # SGLang's process_batch_result_prefill finishes it there (cache_finished_req at
     # 10 + 3 - 1 = 12), with no second prompt-end checkpoint and no further decode step.
     policy = Recording()
-    sched = scheduler(manager("sglang", kv=500, slots=12), chunk=None, running=2, policy=policy)
+    sched = scheduler(
+        manager("sglang-0.5.15.post1", kv=500, slots=12), chunk=None, running=2, policy=policy
+    )
     seq = Sequence(tokens(100, 10), 3, script=array("q", [1, 2, 3]))
     sched.submit(seq)
     sched.step()
@@ -339,7 +347,7 @@ def test_after_a_retraction_every_decode_step_makes_a_token() -> None:
     # Same prompt, 5 tokens: prefill (1), decode (2), retracted, prefill again (3); then two
     # decode steps make tokens 4 and 5 (none is skipped as if the sequence were ahead of its
     # steps): 5 forwards in all after the retraction's 2.
-    sched = scheduler(manager("sglang", kv=500, slots=12), chunk=None, running=2)
+    sched = scheduler(manager("sglang-0.5.15.post1", kv=500, slots=12), chunk=None, running=2)
     seq = Sequence(tokens(100, 10), 5, script=array("q", [1, 2, 3, 4, 5]))
     sched.submit(seq)
     sched.step()
@@ -360,7 +368,7 @@ def test_a_request_retracted_in_its_quiet_steps_makes_no_token_beyond_its_script
     # token left to make (before the fix: IndexError asking the script for a second one).
     # It counts as one of the 4 steps, so the request ends after 4 steps in all, as
     # without the retraction, with its one output.
-    sched = scheduler(manager("sglang", kv=500, slots=12), chunk=None, running=2)
+    sched = scheduler(manager("sglang-0.5.15.post1", kv=500, slots=12), chunk=None, running=2)
     seq = Sequence(tokens(100, 10), 1, script=array("q", [1]), decode_steps=4)
     sched.submit(seq)
     sched.step()

@@ -4,7 +4,7 @@ Each case checks two things: the call raises TypeError or ValueError (never a ba
 AssertionError) with a non-empty message, and the tree is exactly as it was: its
 printout (structure, states, locks), the four sizes, every KV index and state it
 holds, and both LRU lists (order and logical clock). Cases that apply to both
-behaviours run for compat None and "sglang", with page sizes 1 and 4.
+behaviours run for compat None and both SGLang releases, with page sizes 1 and 4.
 """
 
 from __future__ import annotations
@@ -83,7 +83,9 @@ def populate(compat: str | None, page: int) -> Populated:
     return Populated(cache, receipt, receipt.node, tombstone, evicted, a + b, a + c, page)
 
 
-CONFIGS = [(None, 1), (None, 4), ("sglang", 1), ("sglang", 4)]
+CONFIGS = [
+    (compat, page) for compat in (None, "sglang-0.5.15.post1", "sglang-0.5.23") for page in (1, 4)
+]
 
 
 @pytest.fixture(params=CONFIGS, ids=[f"{c or 'default'}-page{p}" for c, p in CONFIGS])
@@ -234,7 +236,7 @@ def test_insert_rejects_negative_kv_index(tree: Populated, where: str) -> None:
     assert_rejected(cache, call, ValueError, want)
 
 
-@pytest.mark.parametrize("compat", [None, "sglang"])
+@pytest.mark.parametrize("compat", [None, "sglang-0.5.15.post1", "sglang-0.5.23"])
 def test_legal_kv_indices_still_insert(compat: str | None) -> None:
     """The tree's own indices below prev_prefix_len, the caller's own from there on
     (duplicates of cached KV included); indices freed by eviction or reset may come
@@ -504,7 +506,7 @@ def test_constructor_takes_numpy_ints_as_plain_ints() -> None:
 # ------------------------------------------------------------ state ids, numpy ints
 
 
-@pytest.mark.parametrize("compat", [None, "sglang"])
+@pytest.mark.parametrize("compat", [None, "sglang-0.5.15.post1", "sglang-0.5.23"])
 def test_state_already_held_is_rejected(compat: str | None) -> None:
     cache = MambaRadixCache(compat=compat)
     cache.insert([1, 2], [10, 11], 7)

@@ -1,6 +1,6 @@
 """Hand-worked scenarios with exact expected results.
 
-Mostly the default behaviour (compat=None); a few pin where compat="sglang"
+Mostly the default behaviour (compat=None); a few pin where compat="sglang-0.5.15.post1"
 differs on purpose. Trees are drawn in the docstrings; KV indices are chosen so a
 node's indices are easy to recognise (the index of token t is often 10 + t).
 """
@@ -72,9 +72,9 @@ def test_default_match_never_splits_but_reports_kv_hit() -> None:
 
 
 def test_sglang_match_splits() -> None:
-    """compat="sglang" splits the edge at the divergence (upstream behaviour): same
+    """compat="sglang-0.5.15.post1" splits the edge at the divergence (upstream behaviour): same
     results, one more node, a stateless node in the middle."""
-    cache = MambaRadixCache(chunk_size=2, compat="sglang")
+    cache = MambaRadixCache(chunk_size=2, compat="sglang-0.5.15.post1")
     insert(cache, [1, 2, 3, 4], [10, 11, 12, 13], 1)
     assert match(cache, [1, 2, 9]) == (0, [], 2, 2)
     assert cache.node_count() == 2
@@ -89,7 +89,7 @@ def test_sglang_match_splits() -> None:
     "compat,first,rest",
     [
         (None, [1], [3, 4, 2]),  # default: a1's state was never used again -> oldest
-        ("sglang", [3], [4, 1, 2]),  # sglang: the match refreshed a1 along with b1
+        ("sglang-0.5.15.post1", [3], [4, 1, 2]),  # sglang: the match refreshed a1 along with b1
     ],
 )
 def test_match_refreshes_only_the_state_it_uses(
@@ -99,7 +99,7 @@ def test_match_refreshes_only_the_state_it_uses(
 
     Re-matching session 1 (b1) uses only b1's state. Default (SGLang #31643): state
     order oldest first is a1, a2, b2, b1, so a1 goes first (tombstoned: it has a
-    child). compat="sglang" also refreshes a1 (the whole matched path), so the order
+    child). compat="sglang-0.5.15.post1" also refreshes a1 (the whole matched path), so the order
     is a2, b2, a1, b1 and a2 goes first."""
     cache = MambaRadixCache(chunk_size=2, compat=compat)
     insert(cache, [1, 1], [10, 11], 1)
@@ -132,7 +132,7 @@ def test_page4_match_uses_whole_pages_and_never_creates_a_node() -> None:
 
 
 def test_page4_sglang_match_splits_on_the_page_boundary() -> None:
-    cache = MambaRadixCache(page_size=4, chunk_size=4, compat="sglang")
+    cache = MambaRadixCache(page_size=4, chunk_size=4, compat="sglang-0.5.15.post1")
     insert(cache, list(range(1, 9)), list(range(11, 19)), 1)
     assert match(cache, list(range(1, 8))) == (0, [], 4, 4)
     assert cache.node_count() == 2
@@ -177,7 +177,7 @@ def test_tombstone_then_revival_by_insert() -> None:
     assert cache.match_prefix([1, 2]).node.state == 5
 
 
-@pytest.mark.parametrize("compat", [None, "sglang"])
+@pytest.mark.parametrize("compat", [None, "sglang-0.5.15.post1"])
 def test_evict_result_counts_as_documented(compat: str | None) -> None:
     """README / EvictResult: `kv_tokens` counts the KV the KV phase freed (leaves and the
     tombstones they leave childless), `states` the states the state phase freed; what a
@@ -310,7 +310,7 @@ def test_identical_prompt_lookup_sglang_split_gives_zero_hit() -> None:
     end, inside the matched edge. Upstream splits there, the new node has no state,
     the match collapses to the root: 0 hit, and the split stays."""
     prompt = [1, 2, 3, 4, 5, 6]
-    cache = MambaRadixCache(chunk_size=4, compat="sglang")
+    cache = MambaRadixCache(chunk_size=4, compat="sglang-0.5.15.post1")
     insert(cache, prompt, [11, 12, 13, 14, 15, 16], 1)
     assert match(cache, prompt[:-1]) == (0, [], 5, 4)
     assert cache.node_count() == 2 and "tombstone" in cache.pretty()

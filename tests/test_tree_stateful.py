@@ -1,6 +1,7 @@
 """Hypothesis state machines for `MambaRadixCache` against a plain reference model.
 
-One machine, run in four configurations: compat None / "sglang" x page_size 1 / 4.
+One machine, run in four configurations: compat None / "sglang-0.5.15.post1" x page_size 1 / 4
+(SGLang 0.5.23's compat is checked against its own code: tests/test_differential_sglang_0523.py).
 Rules: insert (three ways of passing prev_prefix_len, and one with kv_indices the
 tree must refuse), match, lock, unlock, evict, reset. After every step
 `check_invariants()` runs and the tree is compared with the model:
@@ -510,5 +511,5 @@ def _machine(compat: str | None, page: int, chunk: int) -> type[TreeMachine]:
 
 TestDefaultPage1 = _machine(None, 1, 4).TestCase
 TestDefaultPage4 = _machine(None, 4, 8).TestCase
-TestSglangPage1 = _machine("sglang", 1, 4).TestCase
-TestSglangPage4 = _machine("sglang", 4, 8).TestCase
+TestSglangPage1 = _machine("sglang-0.5.15.post1", 1, 4).TestCase
+TestSglangPage4 = _machine("sglang-0.5.15.post1", 4, 8).TestCase

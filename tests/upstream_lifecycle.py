@@ -485,6 +485,7 @@ class UpstreamLifecycle:
         self.strategy, self.page_size = strategy, page_size
         self.track_slots = track_slots if self.extra_buffer else 0
         self.sglang = True  # SGLang's rules, by construction
+        self.rules = "sglang-0.5.15.post1"
         self._args = _ServerArgs(page_size, chunk_size, self.extra_buffer, track_interval)
         self._activate()
         self.kv_alloc = _kv_allocator(up, kv_tokens, page_size)
@@ -507,7 +508,7 @@ class UpstreamLifecycle:
         self.tree = _View(
             chunk_size=chunk_size,
             page_size=page_size,
-            compat="sglang",
+            compat="sglang-0.5.15.post1",
             full_evictable_size=inner.full_evictable_size,
             full_protected_size=inner.full_protected_size,
             state_evictable_size=inner.mamba_evictable_size,

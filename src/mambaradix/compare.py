@@ -15,6 +15,8 @@ from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mambaradix.core.compat import is_sglang
+
 if TYPE_CHECKING:
     from mambaradix.engine import Engine
     from mambaradix.engine.workload import ConversationRun
@@ -131,13 +133,13 @@ def replay_prediction(
 
 def replay_policy_for(engine: Engine) -> Policy:
     """The replay policy that checkpoints and evicts as `engine` does with its
-    default checkpoints: SGLang's (no_buffer or extra_buffer) for
-    compat="sglang", else ours (`DefaultPolicy`) with the engine's strategy."""
-    from mambaradix.replay.policies import DefaultPolicy, SGLang, SGLangExtraBuffer
+    default checkpoints: the SGLang release's (no_buffer or extra_buffer) for an
+    SGLang compat, else ours (`DefaultPolicy`) with the engine's strategy."""
+    from mambaradix.replay.policies import DefaultPolicy, sglang_policy
 
-    extra = engine.mgr.extra_buffer
-    if engine.mgr.tree.compat == "sglang":
-        return SGLangExtraBuffer() if extra else SGLang()
+    compat = engine.mgr.tree.compat
+    if compat is not None and is_sglang(compat):
+        return sglang_policy(compat, engine.mgr.extra_buffer)
     policy = DefaultPolicy()
     policy.strategy = engine.mgr.strategy
     return policy

@@ -1,5 +1,5 @@
 """A short demo of the cache: the same multi-turn sessions served with the
-default behaviour and with compat="sglang", side by side.
+default behaviour and with compat="sglang" (SGLang 0.5.23), side by side.
 
 Sessions share a few long system prompts; every turn's prompt is the session's
 whole history plus a new user message; some prompts are re-sent verbatim (a
@@ -186,7 +186,7 @@ def report(
     `on_request(1)` after each request of either (a progress bar)."""
     rows = {
         name: serve_all(compat, work, kv_tokens, slots, chunk, on_request)
-        for name, compat in (("mambaradix", None), ("sglang-0.5.15", "sglang"))
+        for name, compat in (("mambaradix", None), ("sglang-0.5.23", "sglang-0.5.23"))
     }
     lines = [
         f"{what}, KV pool {kv_tokens} tokens, {slots} state slots, prefill chunk {chunk}",

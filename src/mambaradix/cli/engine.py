@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mambaradix.cli.checks import UsageError, count
+from mambaradix.core.compat import COMPAT_MODES
 
 TOKEN_WORKLOADS = "mt-bench, swe-agent, chitchat, synthetic-multi-turn, or a neutral JSONL file"
 STRATEGIES = ("no_buffer", "extra_buffer")
@@ -55,7 +56,10 @@ def add(p: argparse.ArgumentParser) -> None:
         help="extra_buffer: track a state every N decoded tokens (default 256)",
     )
     p.add_argument(
-        "--compat", choices=("sglang",), default=None, help="SGLang 0.5.15.post1's tree and rules"
+        "--compat",
+        choices=[c for c in COMPAT_MODES if c is not None],
+        default=None,
+        help="an SGLang release's tree and rules (sglang: the current one, 0.5.23)",
     )
     p.add_argument("--seed", type=count(0, SEED_LIMIT), default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (never falls back)")

@@ -62,7 +62,8 @@ def add(p: argparse.ArgumentParser) -> None:
         "--policy",
         type=names,
         default=None,
-        help="comma-separated (default: all but marconi-oracle, which is a run per alpha)",
+        help="comma-separated (default: all but marconi-oracle, which is a run per alpha, "
+        "and the older SGLang release's rows, sglang-0.5.15.post1[-extra-buffer])",
     )
     p.add_argument(
         "--vllm-retention",
@@ -180,7 +181,7 @@ def run_sweep(
 
 def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, ScaleOut]:
     """Everything that needs no trace: model, policies, option combinations."""
-    from mambaradix.replay.policies import ORACLE, POLICIES
+    from mambaradix.replay.policies import ORACLE, POLICIES, retired_reason
     from mambaradix.replay.serving import ServingConfig
 
     try:
@@ -193,6 +194,8 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
             "--plot has no effect with --instances or --shard (the table and --json have "
             "the results)"
         )
+    if (why := retired_reason(args.policy or [])) is not None:
+        raise UsageError(f"--policy: {why}")
     if unknown := [x for x in args.policy or [] if x not in POLICIES]:
         raise UsageError(
             f"--policy: unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}"
@@ -281,10 +284,10 @@ def pick_policies(
     default list left out (name -> why; said on stderr). An explicit
     `--policy` that cannot run at the page size is a usage error."""
     from mambaradix.replay.checks import policy_strategy, unpaged_policies
-    from mambaradix.replay.policies import SINGLE_RUN
+    from mambaradix.replay.policies import DEFAULT_RUN
 
     try:
-        unpaged = unpaged_policies(args.policy or SINGLE_RUN, trace, base)
+        unpaged = unpaged_policies(args.policy or DEFAULT_RUN, trace, base)
     except ValueError as e:
         raise UsageError(f"--{str(e).replace('_', '-', 1)}") from None
     why = f"no_buffer needs --page-size 1 on a token-level trace, got {args.page_size}"
@@ -293,7 +296,7 @@ def pick_policies(
             f"--policy {', '.join(unpaged)}: {why}; extra_buffer policies "
             "(sglang-extra-buffer) take any page size"
         )
-    policies = [p for p in args.policy or SINGLE_RUN if p not in unpaged]
+    policies = [p for p in args.policy or DEFAULT_RUN if p not in unpaged]
     if not policies:
         raise UsageError(f"--page-size {args.page_size}: no policy runs at it ({why})")
     if unpaged:

@@ -4,7 +4,8 @@ Invariants (numbering of the SGLang reference, sections 3 and 8):
   I1  root: unlisted, locked once for each resource, no state
   I2  every node: non-empty key, len(key) == len(value), whole pages (default
       mode), registered in its parent under its own child key, parent link back
-  I3  a leaf holds a state
+  I3  a leaf holds a state (compat="sglang-0.5.23": a leaf may hold KV only, as
+      upstream keeps a state-less ancestor of a deleted leaf)
   I4  a tombstone holds no state lock and is not in the state list
   I5  KV lock >= state lock; a node's KV lock = its children's KV locks + the
       locks anchored on it, and each anchored lock holds the state lock
@@ -84,7 +85,7 @@ def _check_node(tree: MambaRadixCache, node: TreeNode) -> None:
         _fail(node, "I2 not registered in its parent under its own child key")
     if parent is not tree.root and node.namespace != parent.namespace:
         _fail(node, "I2 namespace differs from its parent's")
-    if not node.children and node.state is None:
+    if not node.children and node.state is None and not tree._unified:
         _fail(node, "I3 a leaf must hold a state")
     if node.state is None and (node.st.lock or node.st.prev is not None):
         _fail(node, "I4 a tombstone must be unlocked for state and not in the state list")

@@ -13,18 +13,23 @@ node. KV eviction deletes unlocked leaves (and tombstones left childless);
 state eviction tombstones internal nodes and deletes leaves.
 
 The tree never frees memory: every operation returns the KV indices and state
-slots the caller must free. Two behaviours share this code:
+slots the caller must free. Three behaviours share this code (`core.compat`):
 
 * `compat=None` (default): read-only matching (never splits), page-aligned
   match keys, refresh of only the state a match uses (SGLang #31643), lock
   receipts that record what was locked (#27147).
-* `compat="sglang"`: the decisions of SGLang 0.5.15.post1's MambaRadixCache,
-  including split-on-match and refreshing the whole matched path in both lists.
+* `compat="sglang-0.5.15.post1"`: the decisions of SGLang 0.5.15.post1's
+  MambaRadixCache, including split-on-match and refreshing the whole matched
+  path in both lists.
+* `compat="sglang-0.5.23"` (alias "sglang"): the decisions of SGLang 0.5.23's
+  UnifiedRadixCache: split-on-match, page-aligned keys, a match refreshes only
+  the state it uses, an insert refreshes only the state at its end, and leaf
+  deletion keeps state-less ancestors as KV-only leaves (`core.unified`).
 
-Both refuse bad input that upstream accepts, among it an `insert` whose KV
+All refuse bad input that upstream accepts, among it an `insert` whose KV
 indices the tree already holds or that repeat one (upstream would hold an index
-twice, or hand a cached one back to be freed); on valid input compat="sglang"
-decides exactly as upstream.
+twice, or hand a cached one back to be freed); on valid input an SGLang compat
+decides exactly as that release.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ import operator
 from array import array
 from typing import Any, Protocol
 
+from mambaradix.core import unified
+from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_0_5_23, resolve_compat
 from mambaradix.core.held import HeldKV
 from mambaradix.core.keys import EMPTY, as_int_array, check_hashable, common_prefix_len
 from mambaradix.core.lru import LRUList
@@ -40,7 +47,6 @@ from mambaradix.core.node import Resource, TreeNode
 from mambaradix.core.results import EvictResult, InsertResult, MatchResult
 
 KV, STATE = Resource.KV, Resource.STATE
-COMPAT_MODES = (None, "sglang")
 
 
 class TreeListener(Protocol):
@@ -114,7 +120,8 @@ class MambaRadixCache:
 
     page_size: tokens per KV page; keys are matched and stored in whole pages.
     chunk_size: the checkpoint grid used for `branching_len` (a multiple of page_size).
-    compat: None for the fixed behaviour, "sglang" to reproduce SGLang 0.5.15.post1.
+    compat: None for the fixed behaviour, or the SGLang release to reproduce:
+        "sglang-0.5.15.post1", "sglang-0.5.23" ("sglang": the current one, 0.5.23).
     """
 
     def __init__(self, page_size: int = 1, chunk_size: int = 64, compat: str | None = None) -> None:
@@ -123,10 +130,9 @@ class MambaRadixCache:
         page, chunk = self.page_size, self.chunk_size
         if chunk % page:
             raise ValueError(f"chunk_size ({chunk}) must be a multiple of page_size ({page})")
-        if compat not in COMPAT_MODES:
-            raise ValueError(f"compat must be one of {COMPAT_MODES}, got {compat!r}")
-        self.compat = compat
-        self._sglang = compat == "sglang"
+        self.compat = resolve_compat(compat)  # the explicit release name
+        self._sglang = self.compat == SGLANG_0_5_15
+        self._unified = self.compat == SGLANG_0_5_23
         self._listeners: tuple[TreeListener, ...] = ()  # empty: no cost beyond one check
         self._init_tree()
 
@@ -198,7 +204,7 @@ class MambaRadixCache:
     def match_prefix(self, key: Any, extra_key: Any = None, read_only: bool = False) -> MatchResult:
         """Longest cached prefix of `key` that ends at a state.
 
-        Mutates only LRU order (and, with compat="sglang", splits a partially
+        Mutates only LRU order (and, with an SGLang compat, splits a partially
         matched edge, as SGLang does). The returned indices stay valid while
         `node` is locked. `read_only=True` changes nothing (no refresh, no
         split) and answers the same lengths: a split's upper node holds no
@@ -223,7 +229,8 @@ class MambaRadixCache:
         branching = None
         if hit_len > len(values):
             aligned = hit_len - hit_len % self.chunk_size
-            branching = aligned if aligned > 0 else None
+            floor = len(values) if self._unified else 0  # 0.5.23: past the state only
+            branching = aligned if aligned > floor else None
         if k == 0:
             return MatchResult(0, values, self.root, branching, hit_len)
         if not read_only:
@@ -247,7 +254,7 @@ class MambaRadixCache:
             m = ln if tokens[off : off + ln] == edge else self._match_len(edge, tokens, off)
             off += m
             if m < ln:
-                if self._sglang and split:
+                if (self._sglang or self._unified) and split:
                     self._split(child, m)  # upstream splits on lookup; the new node has no state
                 break
             path.append(child)
@@ -259,8 +266,8 @@ class MambaRadixCache:
 
     def _refresh_after_match(self, path: list[TreeNode], k: int) -> None:
         """Make path[:k] MRU in the KV list (ancestors older than descendants);
-        in the state list, only the state used (#31643), or with compat="sglang"
-        every state on the path."""
+        in the state list, only the state used (#31643; 0.5.23 too), or with
+        compat="sglang-0.5.15.post1" every state on the path."""
         used = path[k - 1 :: -1]  # deepest first
         self.lru[KV].splice_mru([node.kv for node in used])
         if self._sglang:
@@ -270,7 +277,7 @@ class MambaRadixCache:
 
     def peek(self, key: Any, extra_key: Any = None) -> TreeNode | None:
         """The node that ends exactly at the end of `key`, or None. Read-only:
-        no LRU refresh, no split (also with compat="sglang")."""
+        no LRU refresh, no split (also with an SGLang compat)."""
         tokens = as_int_array(key, "key")
         self._check_namespace(extra_key)
         node, off, n = self.root, 0, len(tokens)
@@ -390,7 +397,7 @@ class MambaRadixCache:
             for listener in self._listeners:
                 listener.state_added(node)
             return InsertResult(off, False, freed)
-        if self._sglang:
+        if self._sglang or self._unified:
             st_lru.move_mru(node.st)
         return InsertResult(off, True, freed)
 
@@ -419,7 +426,7 @@ class MambaRadixCache:
 
     def _touch_walked(self, walked: list[TreeNode]) -> None:
         """Refresh the nodes an insert walked through, as SGLang does one by one
-        (in the state list only with compat="sglang", #31643)."""
+        (in the state list only with compat="sglang-0.5.15.post1", #31643)."""
         deepest_first = walked[::-1]
         self.lru[KV].splice_mru([node.kv for node in deepest_first])
         if self._sglang:
@@ -482,6 +489,8 @@ class MambaRadixCache:
         phase counted (see `EvictResult`)."""
         want_kv = _count(kv_tokens, "kv_tokens")
         want_states = _count(states, "states")
+        if self._unified:
+            return unified.evict(self, want_kv, want_states)
         freed_kv: array[int] = array("q")
         freed_states: list[int] = []
         got_kv = self._evict_kv(want_kv, freed_kv, freed_states) if want_kv else 0
@@ -539,6 +548,8 @@ class MambaRadixCache:
         self._check_evictable(node)
         if not node.children and node.kv.lock:
             raise ValueError(f"{node!r} is a KV-locked leaf")
+        if self._unified:
+            return unified.evict_state_of(self, node)
         freed_kv: array[int] = array("q")
         freed_states: list[int] = []
         self._drop_state(node, freed_kv, freed_states)
@@ -546,10 +557,16 @@ class MambaRadixCache:
 
     def evict_leaf(self, node: TreeNode) -> EvictResult:
         """Evict one chosen unlocked leaf with its KV and state (and childless
-        tombstone ancestors)."""
-        self._check_evictable(node)
-        if node.children or node.kv.lock:
+        tombstone ancestors; with compat="sglang-0.5.23" the leaf only, which may
+        also be a KV-only leaf)."""
+        if self._unified and isinstance(node, TreeNode) and node.state is None:
+            self._check_in_tree(node)  # a KV-only leaf: nothing else to check
+        else:
+            self._check_evictable(node)
+        if node.children or node.kv.lock or node is self.root:
             raise ValueError(f"{node!r} is not an unlocked leaf")
+        if self._unified:
+            return unified.evict_leaf(self, node)
         freed_kv: array[int] = array("q")
         freed_states: list[int] = []
         tokens, _ = self._delete_leaf(node, freed_kv, freed_states)

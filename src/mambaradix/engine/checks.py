@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mambaradix.core.compat import COMPAT_MODES, resolve_compat
 from mambaradix.engine.device import check_dtype
 from mambaradix.lifecycle.manager import STRATEGIES
 from mambaradix.scheduler import admission_need, fits_alone, kv_needed_alone, slots_alone
@@ -69,8 +70,7 @@ def check_engine_args(**kw: Any) -> None:
     as_positive(kw["max_running"], "max_running")
     if kw["max_context"] is not None:
         as_positive(kw["max_context"], "max_context")
-    if kw["compat"] not in (None, "sglang"):
-        raise ValueError(f"compat must be None or 'sglang', got {kw['compat']!r}")
+    resolve_compat(kw["compat"])  # ValueError naming the choices
     check_dtype(kw["dtype"])
     if kw["model_overrides"] is not None:
         as_type(kw["model_overrides"], dict, "model_overrides")
@@ -84,8 +84,12 @@ def check_engine_args(**kw: Any) -> None:
 def _check_plugins(kw: dict[str, Any]) -> None:
     """What is handed in as an object: TypeError now, not in the middle of a run."""
     rules, evictor, policy, net = (kw[k] for k in ("sglang_rules", "evictor", "checkpoints", "net"))
-    if rules is not None and not isinstance(rules, bool):
-        raise TypeError(f"sglang_rules must be None or a bool, got {type(rules).__name__}")
+    if rules is not None and not isinstance(rules, bool | str):
+        raise TypeError(
+            f"sglang_rules must be None, a bool or a release name, got {type(rules).__name__}"
+        )
+    if isinstance(rules, str) and rules not in COMPAT_MODES:
+        raise ValueError(f"sglang_rules must be an SGLang release name, got {rules!r}")
     if not callable(evictor):
         raise TypeError(f"evictor must be a callable, got {type(evictor).__name__}")
     if policy is not None and not all(callable(getattr(policy, m, None)) for m in POLICY_METHODS):

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from mambaradix.core.compat import is_sglang, resolve_compat
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.engine.adapter import PoolAdapter
 from mambaradix.engine.checks import check_engine_args, check_generate_args, memory_shortfall
@@ -86,9 +87,10 @@ class Engine:
     prefill chunk (SGLang's chunked prefill size); max_running: sequences
     running at once (also the rows of the request table); max_context:
     longest sequence; page_size / strategy: as SGLang's `--page-size` and
-    `--mamba-radix-cache-strategy`; compat="sglang" for SGLang's tree and
-    rules; checkpoints / evictor: where states are cached and what is evicted
-    (default: `DefaultCheckpoints`, or SGLang's with compat="sglang"; LRU).
+    `--mamba-radix-cache-strategy`; compat: an SGLang release's tree and
+    rules ("sglang-0.5.23", "sglang-0.5.15.post1"; "sglang": the current one);
+    checkpoints / evictor: where states are cached and what is evicted
+    (default: `DefaultCheckpoints`, or SGLang's with an SGLang compat; LRU).
     The cache persists across `generate` calls.
 
     device / dtype: where the model, the KV pool and the state pool live
@@ -122,7 +124,7 @@ class Engine:
         track_interval: int = 256,
         checkpoints: CheckpointPolicy | None = None,
         evictor: Evictor = lru_evictor,
-        sglang_rules: bool | None = None,
+        sglang_rules: bool | str | None = None,
         device: str | torch.device = "cpu",
         batch_decode: bool = True,
         deterministic: bool = False,
@@ -194,7 +196,8 @@ class Engine:
         if not self.prefix_cache:
             return NoCache()
         if checkpoints is None:
-            checkpoints = SGLangCheckpoints() if compat == "sglang" else DefaultCheckpoints()
+            sglang = is_sglang(resolve_compat(compat))
+            checkpoints = SGLangCheckpoints() if sglang else DefaultCheckpoints()
         if self.deterministic:
             return GridCheckpoints(checkpoints, grid)
         return checkpoints
@@ -299,7 +302,7 @@ def _cache_manager(
     strategy: str,
     compat: str | None,
     evictor: Evictor,
-    sglang_rules: bool | None,
+    sglang_rules: bool | str | None,
 ) -> CacheManager:
     # SGLang: max(FLA chunk 64, page_size), which must divide each other; a page
     # that does not divide 64 rounds it up to whole pages, as the replay does

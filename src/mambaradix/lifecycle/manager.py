@@ -29,10 +29,20 @@ Strategies (SGLang's `--mamba-radix-cache-strategy`):
   holding the newest tracked state to the tree (zero copy) and the request gets
   a fresh one. Page sizes > 1 are allowed.
 
-With `compat="sglang"` trees the manager applies SGLang's rules where they
-differ from ours: `state_headroom` 3 slots per request of a prefill batch, and
-KV eviction of the whole allocation when it does not fit (ours evicts only
-the shortfall and only the slots the batch will take).
+On an SGLang compat tree the manager applies that release's rules where they
+differ from ours (`rules`, the release named by `tree.compat`):
+
+* SGLang 0.5.15.post1: `state_headroom` 3 slots per request of a prefill batch,
+  and KV eviction of the whole allocation when it does not fit (ours evicts
+  only the shortfall and only the slots the batch will take); a checkpoint
+  matches its key again to find the node to lock.
+* SGLang 0.5.23: the slots the batch takes (`ensure_mamba_capacity`,
+  `mem_cache/allocation.py:298-324`) and KV eviction of the shortfall
+  (`evict_to_free_tokens`, `allocator/base.py:155-169`), as ours; a decode step
+  evicts for a page per running request (`alloc_for_decode`: `alloc_token_slots`
+  / `alloc_paged_token_slots_decode`, `allocation.py:585, 624-660`); a
+  checkpoint locks the node its insert ended on, without matching again
+  (`unified_radix_cache.py:1285-1310`).
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_CURRENT, resolve_compat
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
 from mambaradix.core.tree import MambaRadixCache
@@ -101,6 +112,9 @@ class CacheManager:
     checkpoints only at page ends and never inserts at finish (vLLM's align
     mode, the replay's `vllm` row); a checkpoint elsewhere is refused by the
     tree.
+    `sglang_rules`: whose scheduler rules apply: None for the tree's (its
+    compat), False for ours, True for the tree's SGLang release (SGLang's
+    current one on a tree of ours), or a release name (`core.compat`).
     """
 
     def __init__(
@@ -114,16 +128,18 @@ class CacheManager:
         strategy: str = "no_buffer",
         track_slots: int = 2,
         evictor: Evictor = lru_evictor,
-        sglang_rules: bool | None = None,
+        sglang_rules: bool | str | None = None,
         page_checkpoints: bool = False,
     ) -> None:
         _check_setup(tree, kv, strategy, track_slots, page_checkpoints)
+        self.rules = _rules(tree.compat, sglang_rules)  # an SGLang release, or None: ours
         self.tree, self.kv, self.slots, self.states, self.rows = tree, kv, slots, states, rows
         self.strategy = strategy
         self.extra_buffer = strategy == "extra_buffer"
         self.track_slots = track_slots if self.extra_buffer else 0
         self.page_size = tree.page_size
-        self.sglang = tree.compat == "sglang" if sglang_rules is None else sglang_rules
+        self.sglang = self.rules is not None
+        self._evicts_whole = self.rules == SGLANG_0_5_15  # the whole allocation, not the shortfall
         self.evictor = evictor
         self.active: set[Request] = set()  # admitted: hold a row, slots, KV, a lock
         self.staged: set[Request] = set()  # matched, holding a copy-on-write slot
@@ -141,11 +157,11 @@ class CacheManager:
         self.evictions["states"] += len(result.freed_states)
 
     def evict_kv_for(self, n: int) -> None:
-        """Make room for n KV tokens: SGLang evicts n whenever fewer are free
-        (evict_from_tree_cache); the default mode evicts the shortfall."""
+        """Make room for n KV tokens: SGLang 0.5.15.post1 evicts n whenever
+        fewer are free (evict_from_tree_cache); 0.5.23 and ours the shortfall."""
         free = self.kv.available_size()
         if free < n:
-            self._release(self.evictor(self.tree, n if self.sglang else n - free, 0))
+            self._release(self.evictor(self.tree, n if self._evicts_whole else n - free, 0))
 
     def evict_states_for(self, n: int) -> None:
         free = self.slots.available_size()
@@ -250,9 +266,10 @@ class CacheManager:
         return context
 
     def _state_headroom(self, reqs: Sequence[Request]) -> int:
-        """Free slots wanted before a prefill batch (SGLang's alloc_req_slots
-        evicts until 3 per request are free; ours: the slots this batch takes)."""
-        if self.sglang:
+        """Free slots wanted before a prefill batch (SGLang 0.5.15.post1's
+        alloc_req_slots evicts until 3 per request are free; 0.5.23 and ours: the
+        slots this batch takes)."""
+        if self.rules == SGLANG_0_5_15:
             return SGLANG_STATE_HEADROOM * len(reqs)
         return sum(self._slots_needed(req) for req in reqs)
 
@@ -356,7 +373,7 @@ class CacheManager:
                 raise ValueError("a request has no token left to decode")
             if context is not None and req.computed >= context:
                 raise ValueError(f"a request's row is full: {context} positions (max_context)")
-        over = len(reqs) * self.page_size  # SGLang evicts this much (paged: a page each)
+        over = len(reqs) * self.page_size  # SGLang evicts for this much (paged: a page each)
         self.evict_kv_for(over if self.sglang else self.decode_need(reqs))
         fresh = self._alloc_kv_each(reqs, [1] * len(reqs))
         if fresh is None:
@@ -428,13 +445,22 @@ class CacheManager:
         self._free_kv(r.freed_kv)
         if r.state_existed:
             self.slots.free([donated])
-        m = self.tree.match_prefix(key, req.extra_key)  # the tree's canonical indices
-        self.rows.write(req.row, req.prefix_len, m.kv_indices[req.prefix_len :])
-        new_lock = self.tree.inc_lock_ref(m.node)
+        node, indices = self._checkpoint_node(key, req)
+        self.rows.write(req.row, req.prefix_len, indices[req.prefix_len :])
+        new_lock = self.tree.inc_lock_ref(node)
         self.tree.dec_lock_ref(req.lock)
-        req.lock, req.node, req.prefix_len = new_lock, m.node, m.prefix_len
+        req.lock, req.node, req.prefix_len = new_lock, node, len(indices)
         req.last_track_len = None
-        return None if r.state_existed else m.node
+        return None if r.state_existed else node
+
+    def _checkpoint_node(self, key: array[int], req: Request) -> tuple[TreeNode, array[int]]:
+        """The node a checkpoint's lock moves to, and the tree's KV indices up to
+        it: SGLang 0.5.15.post1 (and ours) match the key again, refreshing it;
+        0.5.23 takes the node its insert ended on, refreshing nothing."""
+        again = self.rules == SGLANG_0_5_15 or self.rules is None
+        m = self.tree.match_prefix(key, req.extra_key, read_only=not again)
+        assert m.prefix_len == len(key)  # the key's end holds a state now
+        return m.node, m.kv_indices
 
     def finish(self, req: Request, insert: bool = True) -> TreeNode | None:
         """SGLang's cache_finished_req: insert what is computed (no_buffer: up
@@ -537,6 +563,25 @@ def _check_batch(reqs: Sequence[Request], lens: Sequence[int], context: int | No
                 f"extending a request to {req.computed + n} tokens overflows its row of "
                 f"the request table ({context} positions, max_context)"
             )
+
+
+def _rules(compat: str | None, sglang_rules: bool | str | None) -> str | None:
+    """The SGLang release whose scheduler rules a manager applies (None: ours)."""
+    if sglang_rules is None:
+        return compat
+    if sglang_rules is False:
+        return None
+    if sglang_rules is True:
+        return compat or SGLANG_CURRENT
+    if not isinstance(sglang_rules, str):
+        kind = type(sglang_rules).__name__
+        raise TypeError(f"sglang_rules must be None, a bool or a release name, got {kind}")
+    try:
+        return resolve_compat(sglang_rules)
+    except ValueError:
+        raise ValueError(
+            f"sglang_rules must be an SGLang release name, got {sglang_rules!r}"
+        ) from None
 
 
 def _check_setup(

@@ -55,9 +55,11 @@ def check_inputs(trace: Trace, profile: ModelProfile, cfg: ServingConfig) -> Non
 def check_policies(policies: object, name: str = "policies") -> list[str]:
     """A non-empty list of known policy names (`policies.is_known`: the
     POLICIES, our ablations, `marconi@ALPHA`), without repeats."""
-    from mambaradix.replay.policies import POLICIES, is_known
+    from mambaradix.replay.policies import POLICIES, is_known, retired_reason
 
     names = _str_list(policies, name)
+    if (why := retired_reason(names)) is not None:
+        raise ValueError(f"{name}: {why}")
     unknown = [p for p in names if not is_known(p)]
     if unknown:
         raise ValueError(

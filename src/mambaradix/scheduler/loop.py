@@ -27,9 +27,11 @@ and the clock (only for statistics).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
+from mambaradix.core.compat import SGLANG_0_5_23, is_sglang
 from mambaradix.lifecycle import CacheManager
 from mambaradix.scheduler.budget import CONTINUE, NO_TOKEN, PrefillBudget
 from mambaradix.scheduler.checkpoints import (
@@ -70,7 +72,7 @@ class Scheduler:
         self.cache, self.forward, self.clock = cache, forward, clock
         self.config = config or SchedulerConfig()
         if checkpoints is None:
-            sglang = cache.tree.compat == "sglang"
+            sglang = is_sglang(cache.tree.compat)
             checkpoints = SGLangCheckpoints() if sglang else DefaultCheckpoints()
         self.checkpoints = checkpoints
         self.on_finish = on_finish
@@ -83,6 +85,7 @@ class Scheduler:
         self._finished_since_decode = False
         self.ratio = NewTokenRatio(self.config.conservativeness)
         self.max_running = running_limit(cache, self.config.max_running)
+        self.track_grid = track_grid(cache, self.config.track_interval)
         self.forwards = {PREFILL: 0, DECODE: 0}
 
     # ------------------------------------------------------------------ API
@@ -106,14 +109,15 @@ class Scheduler:
     def abort(self, seq: Sequence) -> None:
         """Stop a sequence wherever it is; everything it holds is given back.
 
-        With SGLang's rules (compat="sglang") a decoding sequence stops as in SGLang
-        0.5.15.post1 (`Scheduler.abort_request`, "abort method 3": `req.to_finish`): it runs
-        one more decode step and then finishes like any other, its tokens cached
-        (`cache_finished_req` with is_insert=True); its status becomes ABORTED then.
+        On an SGLang compat tree a decoding sequence stops as in SGLang (0.5.15.post1 and
+        0.5.23, `Scheduler.abort_request`, "abort method 3": `req.to_finish`): it runs one
+        more decode step and then finishes like any other, its tokens cached
+        (`cache_finished_req` with is_insert=True / `release_kv_cache` with checkpoint=True);
+        its status becomes ABORTED then.
         A sequence that already ended holds nothing: aborting it changes nothing."""
         if seq.status in (FINISHED, ABORTED):
             return
-        if seq.status == RUNNING and self.cache.tree.compat == "sglang":
+        if seq.status == RUNNING and is_sglang(self.cache.tree.compat):
             seq.to_finish = True
             return
         self._drop(seq)
@@ -411,7 +415,7 @@ class Scheduler:
 
     def _decode_track_slot(self, seq: Sequence) -> int | None:
         req = seq.req
-        if self.cache.extra_buffer and req.computed % self.config.track_interval == 0:
+        if self.cache.extra_buffer and req.computed % self.track_grid == 0:
             return self.cache.track_slot(req)
         return None
 
@@ -466,6 +470,16 @@ def running_limit(cache: CacheManager, max_running: int) -> int:
     a request holds (1 + track slots), plus one for its checkpoints."""
     per_request = cache.track_slots + (3 if cache.sglang else 2)
     return max(1, min(max_running, cache.slots.capacity // per_request))
+
+
+def track_grid(cache: CacheManager, interval: int) -> int:
+    """extra_buffer: a decode step tracks a state when the length is a multiple of this:
+    `track_interval`, or with SGLang 0.5.23's rules lcm(chunk grid, interval)
+    (`mamba_track_grid`, runtime_context.py:1974-1979; 0.5.23 asks only that the interval
+    be whole pages)."""
+    if cache.rules == SGLANG_0_5_23:
+        return math.lcm(cache.tree.chunk_size, interval)
+    return interval
 
 
 def _check_config(cache: CacheManager, cfg: SchedulerConfig) -> None:

@@ -1,14 +1,15 @@
 """Checkpoint admission and eviction policies, each a small plug-in on the same
 tree and the same scheduler.
 
-    sglang               SGLang 0.5.15.post1, no_buffer: every prefill chunk end,
-                         the prompt end (if decoding goes on), finish; LRU;
-                         SGLang's scheduler rules (compat tree)
-    sglang-extra-buffer  SGLang 0.5.15.post1's default for these models:
-                         extra_buffer tracking (chunk-aligned prefill positions,
-                         the branching point, every track_interval in decode)
-    sglang-used          0.5.16+ (#31643): sglang's checkpoints; LRU refreshing
-                         only the used state
+    sglang               SGLang 0.5.23 (current release), no_buffer: every
+                         prefill chunk end, the prompt end (if decoding goes on),
+                         finish; its tree's LRU and scheduler rules (compat tree)
+    sglang-extra-buffer  SGLang 0.5.23's default for these models: extra_buffer
+                         tracking (chunk-aligned prefill positions, the branching
+                         point, every track_interval in decode)
+    sglang-0.5.15.post1  SGLang 0.5.15.post1, no_buffer (its tree and rules)
+    sglang-0.5.15.post1-extra-buffer
+                         SGLang 0.5.15.post1, extra_buffer
     vllm                 vLLM 0.33.0 with default arguments: align mode, only the
                          prompt's replay boundary and shared-prefix junctions kept,
                          one block pool for KV and states with vLLM's free queue
@@ -38,7 +39,14 @@ from mambaradix.replay.policies.base import (
 )
 from mambaradix.replay.policies.mambaradix import ABLATIONS, MambaRadix
 from mambaradix.replay.policies.marconi import Marconi
-from mambaradix.replay.policies.sglang import SGLang, SGLangExtraBuffer, SGLangUsed
+from mambaradix.replay.policies.sglang import (
+    RETIRED,
+    SGLang,
+    SGLang0515,
+    SGLang0515ExtraBuffer,
+    SGLangExtraBuffer,
+    sglang_policy,
+)
 from mambaradix.replay.policies.vllm import VLLM, parse_retention
 from mambaradix.replay.policies.vllm_020 import VLLM020All
 from mambaradix.scheduler import CHUNK, DECODED, FINISH, PROMPT_END, STOP
@@ -49,7 +57,8 @@ ORACLE = "marconi-oracle"
 POLICIES: dict[str, Callable[[], Policy]] = {
     "sglang": SGLang,
     "sglang-extra-buffer": SGLangExtraBuffer,
-    "sglang-used": SGLangUsed,
+    "sglang-0.5.15.post1": SGLang0515,
+    "sglang-0.5.15.post1-extra-buffer": SGLang0515ExtraBuffer,
     "vllm": VLLM,
     "vllm-0.20-all": VLLM020All,
     "marconi": Marconi,
@@ -60,6 +69,12 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 
 SINGLE_RUN = [p for p in POLICIES if p != ORACLE]
 """The policies that cost one run per point (all but `marconi-oracle`)."""
+
+OLDER_RELEASES = ("sglang-0.5.15.post1", "sglang-0.5.15.post1-extra-buffer")
+"""Rows of releases users no longer run: selectable by name, not run by default."""
+
+DEFAULT_RUN = [p for p in SINGLE_RUN if p not in OLDER_RELEASES]
+"""What the replay runs when no policy is named (`--policy`)."""
 
 FIXED_ALPHA = "marconi@"
 """`marconi@0.5`: Marconi with alpha fixed at 0.5 (no tuning): one run of the oracle."""
@@ -90,6 +105,14 @@ def vllm_retention(name: str) -> int | None | bool:
         return False
 
 
+def retired_reason(names: list[str]) -> str | None:
+    """Why the first retired name among `names` no longer runs, or None."""
+    for name in names:
+        if name in RETIRED:
+            return f"policy {name!r} was retired: {RETIRED[name]}"
+    return None
+
+
 def is_known(name: str) -> bool:
     """A name `make_policy` builds, or `marconi-oracle`: a key of POLICIES, an
     ablation of ours (`ABLATIONS`), Marconi at a fixed alpha (`marconi@0.5`) or
@@ -116,6 +139,8 @@ def make_policy(name: str, **kwargs: Any) -> Policy:
     if retention is not False:
         assert not isinstance(retention, bool)
         return VLLM(retention=retention, **kwargs)
+    if name in RETIRED:
+        raise KeyError(f"policy {name!r} was retired: {RETIRED[name]}")
     if name not in POLICIES:
         raise KeyError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     return POLICIES[name](**kwargs)
@@ -124,9 +149,11 @@ def make_policy(name: str, **kwargs: Any) -> Policy:
 __all__ = [
     "ABLATIONS",
     "CHUNK",
+    "DEFAULT_RUN",
     "DECODED",
     "FINISH",
     "FIXED_ALPHA",
+    "OLDER_RELEASES",
     "ORACLE",
     "POLICIES",
     "PROMPT_END",
@@ -138,9 +165,11 @@ __all__ = [
     "NodeTable",
     "Policy",
     "PolicyContext",
+    "RETIRED",
     "SGLang",
+    "SGLang0515",
+    "SGLang0515ExtraBuffer",
     "SGLangExtraBuffer",
-    "SGLangUsed",
     "VLLM",
     "VLLM020All",
     "VLLM_RETENTION",
@@ -148,5 +177,7 @@ __all__ = [
     "fixed_alpha",
     "is_known",
     "make_policy",
+    "retired_reason",
+    "sglang_policy",
     "vllm_retention",
 ]

@@ -1,0 +1,397 @@
+"""Run SGLang 0.5.23's own ``UnifiedRadixCache`` (FULL + MAMBA components, the Python tree core)
+on CPU, for the differential tests of ``MambaRadixCache(compat="sglang-0.5.23")``.
+
+Nothing from SGLang is copied here. ``load_unified()`` loads, from the wheel, with
+``sglang_wheel.WheelPackage`` (under the package name ``sglang_v0_5_23``, so that 0.5.15.post1's
+harness keeps ``sglang`` in the same process), the real modules:
+
+* ``mem_cache/unified_radix_cache.py`` -- the class under comparison (match, insert, evict,
+  evict_for_alloc, locks, and the checkpoint / release paths the lifecycle oracle drives);
+* ``mem_cache/unified_cache/`` -- the Python ``UnifiedTreeCore``, its registry (the Python core
+  is selected with ``CacheInitParams.tree_core_backend="python"``), the FULL / MAMBA / SWA
+  components, cache actions, LRU lists;
+* ``base_prefix_cache``, ``radix_cache`` (``RadixKey``), ``cache_init_params``, ``evict_policy``
+  (the LRU strategy), ``utils``, ``events``, ``hicache_storage`` (enums), ``storage_prefetch``,
+  ``buffer_mode/storage_existence_cache``, ``session/streaming_session`` (requests without a
+  session take its "not streaming" paths), ``environ`` (``envs``).
+
+Stand-ins (GPU/server machinery): ``runtime_context`` (the configuration bags the loaded code
+reads: ``mamba_cache_chunk_size``, ``mamba_max_states_per_path=-1`` (unlimited, the default),
+no disaggregation), ``rank_consensus`` (a TP-rank cross-check decorator: identity on one rank),
+``is_npu`` (False); every other module they import is a placeholder module that raises when
+used (``sglang_wheel``). The pools are fakes that record what the tree frees (the KV
+allocator's ``free_segment``, the state allocator's ``free``) and report free space as the caller
+sets it (``evict_for_alloc`` reads availability).
+
+``UpstreamUnifiedCache`` wraps it in the API of ``mambaradix.MambaRadixCache`` and returns the
+same records.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import sys
+from array import array
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from mambaradix.core.results import EvictResult, InsertResult, MatchResult
+from sglang_wheel import WheelPackage, identity_decorator
+
+SGLANG_VERSION = "0.5.23"
+PREFIX = "sglang_v0_5_23"
+_MC = "srt.mem_cache"
+_UC = f"{_MC}.unified_cache"
+REAL = {
+    "srt.environ",
+    "srt.session.streaming_session",
+    f"{_MC}.unified_radix_cache",
+    f"{_MC}.base_prefix_cache",
+    f"{_MC}.radix_cache",
+    f"{_MC}.cache_init_params",
+    f"{_MC}.utils",
+    f"{_MC}.evict_policy",
+    f"{_MC}.events",
+    f"{_MC}.hicache_storage",
+    f"{_MC}.storage_prefetch",
+    f"{_MC}.buffer_mode.storage_existence_cache",
+    _UC,
+    f"{_UC}.cache_action",
+    f"{_UC}.component_type",
+    f"{_UC}.tree_core_registry",
+    f"{_UC}.unified_tree_core",
+    f"{_UC}.unified_tree_core_interface",
+    f"{_UC}.session_ref_tracker",
+    f"{_UC}.components",
+    f"{_UC}.components.base",
+    f"{_UC}.components.full",
+    f"{_UC}.components.mamba",
+    f"{_UC}.components.swa",
+    # the scheduler helpers the lifecycle oracle drives (upstream_lifecycle_0523)
+    f"{_MC}.allocation",
+    f"{_MC}.common",
+    f"{_MC}.allocator",
+    f"{_MC}.allocator.base",
+    f"{_MC}.allocator.token",
+    f"{_MC}.allocator.paged",
+    f"{_MC}.allocator.mamba",
+    f"{_MC}.allocation_sizing",
+}
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+class Settings:
+    """What the loaded code reads from SGLang's runtime configuration (``runtime_context``)."""
+
+    def __init__(self) -> None:
+        self.chunk_size = 64  # mamba_cache_chunk_size: max(model mamba chunk, page)
+        self.extra_buffer = False
+        self.track_interval = 256
+        self.page_size = 1
+
+    def exec_bag(self) -> Any:
+        mamba = SimpleNamespace(
+            mamba_max_states_per_path=-1,  # unlimited (SGLang's default)
+            enable_mamba_extra_buffer=self.extra_buffer,
+            enable_mamba_extra_buffer_lazy=False,
+            mamba_track_interval=self.track_interval,
+        )
+        features = SimpleNamespace(enable_encoder_swa_bounded_replay=False)
+        return SimpleNamespace(mamba=mamba, features=features)
+
+    def serving_bag(self) -> Any:
+        return SimpleNamespace(strip_thinking_cache=False)
+
+    def spec_bag(self) -> Any:
+        return SimpleNamespace(speculative_algorithm=None)
+
+    def parallel(self) -> Any:
+        return SimpleNamespace(dcp_enabled=False, attn_dcp_size=1)
+
+
+SETTINGS = Settings()
+
+
+def _runtime_context(pkg: WheelPackage) -> dict[str, Any]:
+    """The stand-in ``runtime_context``, with ``mamba_checkpoint_grid`` / ``mamba_track_grid``
+    compiled from the wheel's own file over ``mamba_cache_chunk_size`` from ``SETTINGS``."""
+    ns: dict[str, Any] = {
+        "math": math,
+        "mamba_cache_chunk_size": lambda: SETTINGS.chunk_size,
+        "get_exec": SETTINGS.exec_bag,
+        "get_disagg": lambda: SimpleNamespace(disaggregation_mode="null"),
+        "get_observability": lambda: SimpleNamespace(enable_metrics=False),
+        "get_serving": SETTINGS.serving_bag,
+        "get_spec": SETTINGS.spec_bag,
+        "get_parallel": SETTINGS.parallel,
+        "attention_backends": lambda: ("torch_native", "torch_native"),
+    }
+    grids: dict[str, tuple[str, ...] | None] = {"mamba_checkpoint_grid": None}
+    grids["mamba_track_grid"] = None
+    pkg.pick("sglang/srt/runtime_context.py", grids, ns)
+    return ns
+
+
+def _no(*args: Any, **kwargs: Any) -> bool:
+    return False
+
+
+def _jit(*args: Any, **kwargs: Any) -> Any:
+    """``triton.jit`` and ``triton.jit(...)``: the kernel is defined, never launched here."""
+    return args[0] if args and callable(args[0]) else (lambda fn: fn)
+
+
+def _utils(pkg: WheelPackage) -> dict[str, Any]:
+    """``srt.utils`` / ``srt.utils.common``: device probes answer "not this device", the
+    debug-flag reader answers False, arithmetic helpers compiled from the wheel's own file."""
+    ns: dict[str, Any] = dict.fromkeys(
+        ("is_npu", "is_cuda", "is_hip", "is_xpu", "is_cpu", "support_triton"), _no
+    )
+    ns.update(get_bool_env_var=_no, is_pin_memory_available=_no, torch=torch, Optional=Any)
+    ns["List"] = list
+    helpers = ("ceil_div", "ceil_align", "next_power_of_2", "get_num_new_pages", "async_h2d")
+    pkg.pick("sglang/srt/utils/common.py", dict.fromkeys(helpers), ns)
+    return ns
+
+
+class _Unused:
+    """A class no object here is an instance of."""
+
+
+_SHARDS = "page_interleave_shard_size"
+_pkg: WheelPackage | None = None
+
+
+def load_unified() -> WheelPackage:
+    """Install the 0.5.23 package (once per process) and import ``unified_radix_cache``."""
+    global _pkg
+    if _pkg is not None:
+        return _pkg
+    pkg = WheelPackage(
+        SGLANG_VERSION,
+        PREFIX,
+        REAL,
+        {"srt.utils.rank_consensus_checker": {"rank_consensus": identity_decorator}},
+    )
+    pkg.overrides["srt.runtime_context"] = _runtime_context(pkg)
+    interleave: dict[str, Any] = {"PageInterleavePoolAllocator": _Unused}  # no KV sharding
+    pkg.pick("sglang/srt/mem_cache/allocator/page_interleave.py", {_SHARDS: None}, interleave)
+    pkg.overrides[f"{_MC}.allocator.page_interleave"] = interleave
+    medium: dict[str, Any] = {"enum": enum}
+    pkg.pick("sglang/srt/disaggregation/kv_events.py", {"StorageMedium": None}, medium)
+    pkg.overrides["srt.disaggregation.kv_events"] = medium
+    pkg.overrides["srt.utils"] = _utils(pkg)
+    pkg.overrides["srt.utils.common"] = pkg.overrides["srt.utils"]
+    no_triton = SimpleNamespace(capabilities=SimpleNamespace(supports_triton=False))
+    pkg.overrides["srt.platforms"] = {"current_platform": no_triton}  # the naive allocators
+    pkg.overrides["_foreign.triton"] = {"jit": _jit}
+    pkg.module(f"{_MC}.unified_radix_cache")
+    _pkg = pkg
+    return pkg
+
+
+def up(rel: str) -> Any:
+    """The loaded module ``sglang.<rel>`` of 0.5.23 (``rel`` dotted)."""
+    return sys.modules[f"{PREFIX}.{rel}"]
+
+
+# --------------------------------------------------------------------------- fake pools
+
+
+def _ints(indices: Any) -> list[int]:
+    if isinstance(indices, torch.Tensor):
+        return [int(i) for i in indices.reshape(-1).tolist()]
+    return [int(i) for i in indices]
+
+
+class _Recorder:
+    """Records frees in order; reports ``free`` slots as free space (set by the caller)."""
+
+    def __init__(self) -> None:
+        self.freed: list[int] = []
+        self.free_now = 0
+
+    def free(self, indices: Any) -> None:
+        got = _ints(indices)
+        self.freed.extend(got)
+        self.free_now += len(got)
+
+    def free_segment(self, indices: Any, start_pos: int = 0) -> None:
+        assert start_pos == 0
+        self.free(indices)
+
+    def take(self) -> list[int]:
+        out, self.freed = self.freed, []
+        return out
+
+    def available_size(self) -> int:
+        return self.free_now
+
+    def schedulable_available_size(self) -> int:
+        return self.free_now
+
+
+def make_pools(page_size: int) -> tuple[Any, Any]:
+    """A fake KV allocator and a fake ``HybridReqToTokenPool`` (its ``mamba_allocator``)."""
+    load_unified()
+    pool_marker = up(f"{_MC}.memory_pool").HybridReqToTokenPool
+
+    class FakeKVAllocator(_Recorder):
+        device = torch.device("cpu")
+        page_size = 1
+
+        def mamba_full_cache_donor(self) -> None:
+            return None  # separate KV and state pools (no shared-pool donor)
+
+    class FakeReqToTokenPool(pool_marker):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            self.mamba_allocator = _Recorder()
+
+    kv = FakeKVAllocator()
+    kv.page_size = page_size
+    return kv, FakeReqToTokenPool()
+
+
+def cache_params(req_pool: Any, kv: Any, page_size: int, extra_buffer: bool, **kwargs: Any) -> Any:
+    """``CacheInitParams`` of a hybrid model's tree: FULL + MAMBA, the Python tree core."""
+    ct = up(f"{_UC}.component_type").ComponentType
+    return up(f"{_MC}.cache_init_params").CacheInitParams(
+        disable=False,
+        req_to_token_pool=req_pool,
+        token_to_kv_pool_allocator=kv,
+        page_size=page_size,
+        enable_mamba_extra_buffer=extra_buffer,
+        tree_components=(ct.FULL, ct.MAMBA),
+        tree_core_backend="python",
+        **kwargs,
+    )
+
+
+# --------------------------------------------------------------------------- adapter
+
+
+class _Lock:
+    """A lock receipt: the node and upstream's ``DecLockRefParams``."""
+
+    __slots__ = ("node", "params")
+
+    def __init__(self, node: Any, params: Any) -> None:
+        self.node, self.params = node, params
+
+
+class UpstreamUnifiedCache:
+    """SGLang 0.5.23's ``UnifiedRadixCache`` behind the API of ``mambaradix.MambaRadixCache``.
+
+    ``evict`` is ``UnifiedRadixCache.evict`` (counts, no availability target);
+    ``evict_for_alloc`` is the allocation-driven eviction (targets: what is free now plus the
+    shortfall, as the allocator and ``ensure_mamba_capacity`` call it)."""
+
+    def __init__(self, page_size: int = 1, chunk_size: int = 64) -> None:
+        load_unified()
+        base = up(f"{_MC}.base_prefix_cache")
+        self._MatchPrefixParams = base.MatchPrefixParams
+        self._InsertParams = base.InsertParams
+        self._EvictParams = base.EvictParams
+        self._RadixKey = up(f"{_MC}.radix_cache").RadixKey
+        self.kv, self.req_pool = make_pools(page_size)
+        SETTINGS.chunk_size = chunk_size  # read once, in the constructor
+        params = cache_params(self.req_pool, self.kv, page_size, extra_buffer=page_size > 1)
+        self.inner = up(f"{_MC}.unified_radix_cache").UnifiedRadixCache(params)
+        self.core = self.inner.tree_core
+        self.page_size = page_size
+        self.chunk_size = chunk_size
+
+    def _key(self, key: Sequence[int], extra_key: str | None) -> Any:
+        return self._RadixKey(array("q", key), extra_key)
+
+    @property
+    def root(self) -> Any:
+        return self.core.root_node
+
+    def node(self, node_id: int) -> Any:
+        return self.core.node_by_id(node_id)
+
+    def match_prefix(self, key: Sequence[int], extra_key: str | None = None) -> MatchResult:
+        res = self.inner.match_prefix(self._MatchPrefixParams(key=self._key(key, extra_key)))
+        indices = self.inner.path_device_indices(res.last_device_node)
+        indices = array("q", indices.tolist())
+        assert len(indices) == res.device_prefix_len
+        return MatchResult(
+            prefix_len=res.device_prefix_len,
+            kv_indices=indices,
+            node=res.last_device_node,
+            branching_len=res.mamba_branching_seqlen,
+            kv_hit_len=res.full_kv_hit_length,
+        )
+
+    def insert(
+        self,
+        key: Sequence[int],
+        kv_indices: Sequence[int],
+        state: int,
+        prev_prefix_len: int = 0,
+        extra_key: str | None = None,
+    ) -> InsertResult:
+        self.kv.take()
+        res = self.inner.insert(
+            self._InsertParams(
+                key=self._key(key, extra_key),
+                value=torch.tensor(list(kv_indices), dtype=torch.int64),
+                mamba_value=torch.tensor([state], dtype=torch.int64),
+                prev_prefix_len=prev_prefix_len,
+            )
+        )
+        self.last_insert_node = res.last_device_node
+        return InsertResult(res.prefix_len, bool(res.mamba_exist), array("q", self.kv.take()))
+
+    def _evict_result(self, res: Any) -> EvictResult:
+        return EvictResult(
+            kv_tokens=res.num_tokens_evicted,
+            states=res.mamba_num_evicted,
+            freed_kv=array("q", self.kv.take()),
+            freed_states=self.req_pool.mamba_allocator.take(),
+        )
+
+    def evict(self, kv_tokens: int = 0, states: int = 0) -> EvictResult:
+        self.kv.take()
+        self.req_pool.mamba_allocator.take()
+        return self._evict_result(
+            self.inner.evict(self._EvictParams(num_tokens=kv_tokens, mamba_num=states))
+        )
+
+    def evict_for_alloc(self, kv_tokens: int = 0, states: int = 0) -> EvictResult:
+        self.kv.take()
+        self.req_pool.mamba_allocator.take()
+        params = self._EvictParams(num_tokens=kv_tokens, mamba_num=states)
+        return self._evict_result(self.inner.evict_for_alloc(params))
+
+    def inc_lock_ref(self, node: Any) -> _Lock:
+        return _Lock(node, self.inner.inc_lock_ref(node).to_dec_params())
+
+    def dec_lock_ref(self, receipt: _Lock) -> None:
+        self.inner.dec_lock_ref(receipt.node, receipt.params)
+
+    def full_evictable_size(self) -> int:
+        return int(self.inner.full_evictable_size())
+
+    def full_protected_size(self) -> int:
+        return int(self.inner.full_protected_size())
+
+    def state_evictable_size(self) -> int:
+        return int(self.inner.mamba_evictable_size())
+
+    def state_protected_size(self) -> int:
+        return int(self.inner.mamba_protected_size())
+
+    def sanity_check(self) -> None:
+        """Upstream's check; valid only while no locks are held."""
+        self.inner.sanity_check()
+
+    def pretty_print(self) -> None:
+        self.inner.pretty_print()
