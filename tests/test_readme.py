@@ -38,6 +38,10 @@ SLOW = (
     "--executor",
     "my_model/",
     "chitchat",
+    "sglang-0.5.15.post1",
+    "bench/sglang_0523_rules",
+    "bench/vllm_differential",
+    "--trace mooncake",
 )
 SLOW_COMMANDS = (".venv/bin/mambaradix replay --memory 20",)  # the full trace's queues
 # What a command looks like, to catch one left in a block that is not ```bash.
