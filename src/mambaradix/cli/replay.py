@@ -229,6 +229,8 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
         )
     if plots(args, scale):
         check_matplotlib()
+    if args.executor is not None and args.workers is not None:
+        warn(f"--workers {args.workers} has no effect with --executor: its workers run the cells")
     if scale.cluster is not None and ORACLE in (args.policy or []):
         raise UsageError(f"--policy {ORACLE} (a run per alpha) has no --instances form")
     if args.sequential and args.state_fraction:
