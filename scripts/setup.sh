@@ -7,8 +7,9 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-# torch==2.13.0 resolves to the local CPU build on these machines.
-.venv/bin/python -m pip install -q -e ".[dev,torch,text,replay,engine,events,dask]"
+# pyproject.toml holds ranges; constraints.txt the exact versions the tests run with
+# (scripts/lock.py writes it). Its torch==2.13.0 takes the local CPU build on these machines.
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,torch,text,replay,engine,events,dask]"
 mkdir -p .cache/sglang
 if ! ls .cache/sglang/sglang-0.5.15.post1-*.whl >/dev/null 2>&1; then
     .venv/bin/python -m pip download -q sglang==0.5.15.post1 --no-deps -d .cache/sglang
