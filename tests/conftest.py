@@ -9,9 +9,8 @@ The engine's exactness tests run on MAMBARADIX_TEST_DEVICE (tests/engine_device.
 
 from __future__ import annotations
 
-import os
-
 import importlib.util
+import os
 
 from hypothesis import HealthCheck, settings
 

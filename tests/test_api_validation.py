@@ -316,6 +316,7 @@ def test_engine_constructor(kw: dict[str, Any], exc: type[Exception], says: str)
         Engine(**kw)
 
 
+@pytest.mark.slow  # builds a model
 @pytest.mark.parametrize(
     ("kw", "names"),
     [
@@ -356,6 +357,7 @@ def save_llama(path: Any) -> None:
     transformers.LlamaForCausalLM(cfg).save_pretrained(path)
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_local_checkpoints_that_cannot_serve(tmp_path: Any) -> None:
     from mambaradix.engine import Engine
 
@@ -391,6 +393,7 @@ def test_engine_overrides_do_not_apply_to_a_checkpoint(tmp_path: Any) -> None:
         Engine(model=str(tmp_path), model_overrides={"hidden_size": 64})
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_max_context_is_the_longest_sequence() -> None:
     # max_context=40: a 40-token prompt and 1 new token use 40 positions (the last
     # token is never stored); a 41-token one uses 41, one more than asked for
@@ -402,6 +405,7 @@ def test_engine_max_context_is_the_longest_sequence() -> None:
         eng.generate([[1] * 41], max_new_tokens=1)
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_without_cache_needs_one_slot() -> None:
     from mambaradix.engine import Engine
 

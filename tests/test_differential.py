@@ -14,7 +14,7 @@ from upstream_sglang import UpstreamCache
 
 # (page_size, chunk_size, seeds, ops per seed): 10**5+ operations in total.
 CONFIGS = [
-    (1, 64, range(0, 4), 15_000),
+    pytest.param(1, 64, range(0, 4), 15_000, marks=pytest.mark.slow),  # 60,000 operations
     (1, 8, range(10, 13), 10_000),
     (4, 8, range(20, 23), 8_000),
     (2, 16, range(30, 32), 6_000),

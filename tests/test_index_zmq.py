@@ -31,6 +31,8 @@ from mambaradix.index.server import IndexServer
 from mambaradix.index.subscriber import ZmqSubscriber
 from upstream_kv_events import sglang_kv_events
 
+pytestmark = pytest.mark.slow  # ZMQ sockets, subprocesses and timeouts
+
 B = 4
 LOOPBACK = "tcp://127.0.0.1:0"
 

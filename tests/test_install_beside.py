@@ -3,7 +3,8 @@ resolver, in dry-run mode (nothing is installed; a real vLLM install pulls a CUD
 resolves this checkout with every extra together with `sglang==0.5.23`, then with
 `vllm==0.33.0`, from the wheels' published metadata. The same question with the exact pins
 the extras had before (torch==2.13.0, transformers==5.24.0) has no answer: the check can
-fail. Slow tier: it asks PyPI for the metadata of a few hundred packages."""
+fail. It asks PyPI for the metadata of a few hundred packages: 5-15 minutes, so it is in
+neither tier; `pytest -m resolver` (scripts/check-install-beside.sh) runs it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.resolver
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = ".[torch,text,replay,engine,events,dask]"

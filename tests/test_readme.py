@@ -33,6 +33,7 @@ SLOW = (
     "scripts/main.sh",
     "--instances",
     "--executor",
+    "gpu_check",
 )
 
 
@@ -76,7 +77,9 @@ def params() -> list[object]:
         tested = readme.how_tested(row)
         if tested.words is None or tested.role not in ("command", "gpu"):
             continue
-        slow = any(s in row.command for s in SLOW)
+        # Each is a subprocess that works for seconds (the slow tier runs them all), but
+        # for a refusal of bad input, which exits at once (the default tier runs those).
+        slow = any(s in row.command for s in SLOW) or tested.exit_code == 0
         marks = [pytest.mark.slow] if slow else []
         out.append(pytest.param(row, tested, marks=marks, id=row.command[:70]))
     return out
@@ -143,6 +146,7 @@ def on_port(words: list[str], port: int) -> list[str]:
     return out
 
 
+@pytest.mark.slow  # an index process, ZMQ publishers and HTTP clients
 def test_readme_index_server_and_its_clients(tmp_path: Path) -> None:
     (server,) = [r for r in ROWS if readme.how_tested(r).role == "server"]
     clients = [r for r in ROWS if readme.how_tested(r).role == "client"]

@@ -319,6 +319,7 @@ def test_limit_must_be_positive(limit: str, capsys: pytest.CaptureFixture[str]) 
     assert "--limit" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_state_fraction_sweep(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     code = main(

@@ -199,7 +199,10 @@ class Mirror:
 OPS = ["insert", "insert", "insert", "match", "lock", "unlock", "evict", "evict_one", "reset"]
 
 
-@pytest.mark.parametrize("page", [1, 2, 16, 64])
+@pytest.mark.parametrize(
+    "page",
+    [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(16, marks=pytest.mark.slow), 64],
+)
 @pytest.mark.parametrize("compat", [None, "sglang"])
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
