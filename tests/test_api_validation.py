@@ -370,6 +370,7 @@ def test_engine_local_checkpoints_that_cannot_serve(tmp_path: Any) -> None:
         Engine(model=str(tmp_path / "llama"))
 
 
+@pytest.mark.slow  # builds a model
 @pytest.mark.parametrize(
     ("kw", "says"),
     [
@@ -385,6 +386,7 @@ def test_engine_overrides_that_cannot_apply(kw: dict[str, Any], says: str) -> No
         Engine(**kw)
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_overrides_do_not_apply_to_a_checkpoint(tmp_path: Any) -> None:
     from mambaradix.engine import Engine
 

@@ -182,7 +182,10 @@ def test_merge_never_writes_onto_a_shard(
         (tmp_path / "l.json").symlink_to(b)
     assert main(["merge", str(a), str(b), "--json", out[spelling]]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"mambaradix merge: error: --json {out[spelling]} is the input ")
+    assert err == (
+        f"mambaradix merge: error: --json {out[spelling]} is the shard file {b}: the run "
+        "would overwrite it"
+    )
     assert (a.read_text(), b.read_text()) == ("shard a", "shard b")
 
 

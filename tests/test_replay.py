@@ -582,7 +582,7 @@ def test_memory_pressure_accounts_every_request(policy: str, rate: float | None)
     assert 0 <= m["token_hit_rate"] <= bound_token_hit_rate(trace)
 
 
-@pytest.mark.parametrize("policy", ALL)
+@pytest.mark.parametrize("policy", quick(ALL, "sglang"))
 def test_requests_that_can_never_fit_are_dropped(policy: str) -> None:
     # marconi-7b at 0.3 GB: 0.3e9 * (1 - 0.9/1.9) // 65536 = 2409 KV tokens. A
     # request is dropped exactly when its committed sequence exceeds the pool.

@@ -199,11 +199,17 @@ class Mirror:
 OPS = ["insert", "insert", "insert", "match", "lock", "unlock", "evict", "evict_one", "reset"]
 
 
+QUICK = {(None, 1), ("sglang", 64)}  # the default tier's two; all eight: -m slow
+
+
 @pytest.mark.parametrize(
-    "page",
-    [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(16, marks=pytest.mark.slow), 64],
+    ("compat", "page"),
+    [
+        (c, p) if (c, p) in QUICK else pytest.param(c, p, marks=pytest.mark.slow)
+        for c in (None, "sglang")
+        for p in (1, 2, 16, 64)
+    ],
 )
-@pytest.mark.parametrize("compat", [None, "sglang"])
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_hooks_rebuild_the_tree_after_random_operations(

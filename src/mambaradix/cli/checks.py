@@ -199,15 +199,16 @@ def is_stdout(path: Path | str | None) -> bool:
     return path is not None and str(path) == STDOUT
 
 
-def check_output(path: Path, flag: str, inputs: Iterable[Path | str] = ()) -> None:
+def check_output(path: Path, flag: str, inputs: Iterable[tuple[Path | str, str]] = ()) -> None:
     """UsageError unless `path` can be written: stdout (`-`), or not a directory and
     either a writable file or creatable inside the nearest existing directory above
-    it; and not one of `inputs` (the run would overwrite what it reads)."""
+    it; and not one of `inputs`, (path, what it is) pairs: the run would overwrite
+    what it reads."""
     if is_stdout(path):
         return
-    for source in inputs:
+    for source, what in inputs:
         if Path(source).is_file() and _same_file(path, Path(source)):
-            raise UsageError(f"{flag} {path} is the input {source}: the run would overwrite it")
+            raise UsageError(f"{flag} {path} is {what}: the run would overwrite it")
     if path.is_dir():
         raise UsageError(f"{flag} {path} is a directory; name a file")
     if path.exists() and not path.is_file():  # a device or a FIFO: the output is renamed onto it

@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.json is not None:  # before any work; never onto a shard file
-            check_output(Path(args.json), "--json", inputs=args.shards)
+            shards = [(name, f"the shard file {name}") for name in args.shards]
+            check_output(Path(args.json), "--json", inputs=shards)
         parts = [(name, _read_json(name)) for name in args.shards]
         data = merge(parts)
     except (ShardError, ValueError, UsageError) as e:

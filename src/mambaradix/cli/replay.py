@@ -164,7 +164,7 @@ def policy_names() -> list[str]:
 
 def warn_no_effect(args: argparse.Namespace, trace: Trace) -> None:
     """A warning for an option that changes nothing on this trace."""
-    if args.page_size > 1 and trace.unit_tokens > 1:
+    if args.page_size > 1 and trace.unit_tokens > 1 and trace.unit_tokens % args.page_size == 0:
         warn(
             f"--page-size {args.page_size} has no effect on {trace.name}: its "
             f"{trace.unit_tokens}-token blocks are whole pages already (the tree's page is "
@@ -356,7 +356,7 @@ def check_outputs(plot_path: Path | None, json_path: Path | None, trace: str) ->
     """Each output writable, the two apart, and neither the --trace file."""
     for flag, path in (("--plot", plot_path), ("--json", json_path)):
         if path is not None:
-            check_output(path, flag, inputs=[trace])
+            check_output(path, flag, inputs=[(trace, "the --trace file")])
     if plot_path and json_path and str(plot_path) == str(json_path) == "-":
         raise UsageError("--json - and --plot - both ask for stdout; give one of them a file")
     if plot_path and json_path and json_path.resolve() == plot_path.resolve():
