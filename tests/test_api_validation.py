@@ -432,6 +432,7 @@ GENERATE_BAD: list[tuple[Any, Any, type[Exception], str]] = [
 ]
 
 
+@pytest.mark.slow  # builds a model
 @pytest.mark.parametrize(("prompts", "new", "exc", "says"), GENERATE_BAD)
 def test_engine_generate(
     engine: Any, prompts: Any, new: Any, exc: type[Exception], says: str
@@ -443,6 +444,7 @@ def test_engine_generate(
     engine.check()
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_generate_names_the_pool_a_long_answer_needs() -> None:
     # Admission clips the new tokens at 4096 (3 + 4096 + 1 < 4200), but after
     # 5000 greedy tokens the sequence holds 3 + 5000 - 1 = 5002 KV positions:
@@ -454,6 +456,7 @@ def test_engine_generate_names_the_pool_a_long_answer_needs() -> None:
         eng.generate([[1, 2, 3]], max_new_tokens=5000)
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_generate_accepts_what_fits_exactly(engine: Any) -> None:
     # 56 prompt + 6 new + 1 = 63 < 64: the largest prompt admitted alone.
     assert len(engine.generate([list(range(56))], max_new_tokens=6)[0].output_ids) == 6

@@ -30,8 +30,8 @@ if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
     MACHINE_SETTINGS = settings(max_examples=50, stateful_step_count=30, deadline=None)
 else:  # "deep" (see tests/conftest.py) decides the budget
     MACHINE_SETTINGS = settings(deadline=None)
-# The full budget runs in the slow tier; the default tier runs an eighth of it.
-QUICK_SETTINGS = settings(max_examples=6, stateful_step_count=30, deadline=None)
+# The full budget runs in the slow tier; the default tier runs a fifteenth of it.
+QUICK_SETTINGS = settings(max_examples=5, stateful_step_count=20, deadline=None)
 
 # Where runs start: page and template-block edges, the fast path's 2**32 limit,
 # int64's end, negative indices.
