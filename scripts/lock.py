@@ -23,11 +23,11 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "mambaradix"
-EXTRAS = ("dev", "torch", "text", "replay", "engine", "events", "dask")
+OPTIONAL = {"mooncake"}  # extras set-up may fail to install (it says so): not pinned
 HEADER = """\
 # Exact versions CI tests (scripts/lock.py writes this from the tested environment).
-# pyproject.toml holds the ranges; install with:
-#   pip install -c constraints.txt -e ".[dev,torch,text,replay,engine,events,dask]"
+# pyproject.toml holds the ranges; scripts/setup.sh installs with:
+#   pip install -c constraints.txt -e ".[EXTRAS]"
 """
 
 
@@ -65,6 +65,12 @@ def requires(name: str) -> list[str]:
     return lines
 
 
+def extras() -> tuple[str, ...]:
+    """Every extra of pyproject.toml but the optional ones."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return tuple(e for e in project["optional-dependencies"] if e not in OPTIONAL)
+
+
 def render(pins: dict[str, str]) -> str:
     lines = [f"{name}=={version.split('+')[0]}" for name, version in sorted(pins.items())]
     return HEADER + "\n".join(lines) + "\n"
@@ -74,7 +80,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--check", action="store_true", help="compare, do not write")
     args = ap.parse_args()
-    text = render(closure(PROJECT, EXTRAS))
+    text = render(closure(PROJECT, extras()))
     path = ROOT / "constraints.txt"
     if args.check:
         if path.read_text() != text:
