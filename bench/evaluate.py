@@ -40,12 +40,13 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mambaradix.cli.signals import as_interrupts, exit_code, said
 from mambaradix.replay.bound import bound_token_hit_rate
+from mambaradix.replay.forked import run_forked
 from mambaradix.replay.models import get_profile
 from mambaradix.replay.policies import ABLATIONS, ORACLE
 from mambaradix.replay.policies.constants import RANK_SAMPLE
@@ -201,20 +202,41 @@ def cost(job: Job) -> float:
     return len(_TRACES[job.trace]) * weight
 
 
-def run_all(jobs: list[Job], workers: int) -> list[tuple[Job, dict[str, Any]]]:
-    jobs = sorted(jobs, key=cost, reverse=True)
-    done: list[tuple[Job, dict[str, Any]]] = []
-    if workers <= 1:
-        return [run_job(j) for j in jobs]
-    import multiprocessing as mp
+class Progress:
+    """One line on stderr every `every` seconds (and at the end): runs done, elapsed,
+    and an estimate of what is left from the rate so far."""
 
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
-        futures = [pool.submit(run_job, j) for j in jobs]
-        for i, f in enumerate(as_completed(futures), 1):
-            done.append(f.result())
-            if i % 200 == 0 or i == len(jobs):
-                print(f"  {i}/{len(jobs)} runs", file=sys.stderr, flush=True)
-    return done
+    def __init__(self, total: int, every: float = 10.0) -> None:
+        self.total, self.every, self.done = total, every, 0
+        self.start = self.shown = time.monotonic()
+
+    def __call__(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if now - self.shown < self.every and self.done < self.total:
+            return
+        self.shown = now
+        spent = now - self.start
+        left = spent / self.done * (self.total - self.done)
+        print(
+            f"  {self.done}/{self.total} runs, {spent:.0f} s, about {left:.0f} s left",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def run_all(jobs: list[Job], workers: int) -> list[tuple[Job, dict[str, Any]]]:
+    """Every job, longest first, on `workers` forked processes (replay/forked.py: they
+    end with this process, whatever ends it)."""
+    jobs = sorted(jobs, key=cost, reverse=True)
+    progress = Progress(len(jobs))
+    if workers <= 1:
+        done = []
+        for job in jobs:
+            done.append(run_job(job))
+            progress()
+        return done
+    return run_forked(run_job, jobs, workers, progress)
 
 
 # ------------------------------------------------------------------ results
@@ -436,5 +458,16 @@ def _json(x: object) -> object:
     raise TypeError(type(x).__name__)
 
 
+def interruptible() -> int:
+    """main(), ended by Ctrl-C, SIGTERM or SIGHUP with its workers (exit 130/143/129)."""
+    with as_interrupts():
+        try:
+            main()
+        except KeyboardInterrupt as e:
+            print(f"\nevaluate: {said(e)}; nothing written", file=sys.stderr)
+            return exit_code(e)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(interruptible())

@@ -25,10 +25,11 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-# torch==2.13.0 resolves to the local CPU build on these machines.
-.venv/bin/python -m pip install -q -e ".[dev,torch,text,replay,engine,events,dask,redis]"
+# pyproject.toml holds ranges; constraints.txt the exact versions the tests run with
+# (scripts/lock.py writes it). Its torch==2.13.0 takes the local CPU build on these machines.
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,torch,text,replay,engine,events,dask,redis]"
 # Optional: Mooncake's CPU build. Its test skips only when the package is absent.
-.venv/bin/python -m pip install -q -e ".[mooncake]" \
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[mooncake]" \
     || echo "setup.sh: optional extra mooncake not installed; tests/test_tiers_mooncake.py will skip" >&2
 
 # the wheels the differential and event tests read: vLLM 0.33.0, SGLang 0.5.23 and

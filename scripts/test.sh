@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Full test suite: set-up, lint, types, tests.
+# Full test suite: set-up, lint, types, the default tier, Python 3.10, the slow tier.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/setup-dynamo.sh   # Dynamo's indexer, in its own venv, for the interop test
 .venv/bin/ruff check src tests bench
 .venv/bin/mypy
-.venv/bin/python -m pytest "$@"                 # the default tier (< 5 min on 2 cores)
+.venv/bin/python scripts/lock.py --check        # constraints.txt pins what was installed
+.venv/bin/python -m pytest "$@"                 # the default tier (<= 90 s on 2 idle cores)
+bash scripts/test-py310.sh "$@"                 # the default tier again on Python 3.10
 bash scripts/fetch-event-wheels.sh --all        # every release's wheel, for the slow tier
-.venv/bin/python -m pytest -m slow "$@"         # the slow tier: long randomized runs
+.venv/bin/python -m pytest -m slow "$@"         # the slow tier: engine, ZMQ, Dask, long runs

@@ -322,6 +322,7 @@ def test_engine_constructor(kw: dict[str, Any], exc: type[Exception], says: str)
         Engine(**kw)
 
 
+@pytest.mark.slow  # builds a model
 @pytest.mark.parametrize(
     ("kw", "names"),
     [
@@ -362,6 +363,7 @@ def save_llama(path: Any) -> None:
     transformers.LlamaForCausalLM(cfg).save_pretrained(path)
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_local_checkpoints_that_cannot_serve(tmp_path: Any) -> None:
     from mambaradix.engine import Engine
 
@@ -374,6 +376,7 @@ def test_engine_local_checkpoints_that_cannot_serve(tmp_path: Any) -> None:
         Engine(model=str(tmp_path / "llama"))
 
 
+@pytest.mark.slow  # builds a model
 @pytest.mark.parametrize(
     ("kw", "says"),
     [
@@ -389,6 +392,7 @@ def test_engine_overrides_that_cannot_apply(kw: dict[str, Any], says: str) -> No
         Engine(**kw)
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_overrides_do_not_apply_to_a_checkpoint(tmp_path: Any) -> None:
     from mambaradix.engine import Engine
 
@@ -397,6 +401,7 @@ def test_engine_overrides_do_not_apply_to_a_checkpoint(tmp_path: Any) -> None:
         Engine(model=str(tmp_path), model_overrides={"hidden_size": 64})
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_max_context_is_the_longest_sequence() -> None:
     # max_context=40: a 40-token prompt and 1 new token use 40 positions (the last
     # token is never stored); a 41-token one uses 41, one more than asked for
@@ -408,6 +413,7 @@ def test_engine_max_context_is_the_longest_sequence() -> None:
         eng.generate([[1] * 41], max_new_tokens=1)
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_without_cache_needs_one_slot() -> None:
     from mambaradix.engine import Engine
 
@@ -432,6 +438,7 @@ GENERATE_BAD: list[tuple[Any, Any, type[Exception], str]] = [
 ]
 
 
+@pytest.mark.slow  # builds a model
 @pytest.mark.parametrize(("prompts", "new", "exc", "says"), GENERATE_BAD)
 def test_engine_generate(
     engine: Any, prompts: Any, new: Any, exc: type[Exception], says: str
@@ -443,6 +450,7 @@ def test_engine_generate(
     engine.check()
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_generate_names_the_pool_a_long_answer_needs() -> None:
     # Admission clips the new tokens at 4096 (3 + 4096 + 1 < 4200), but after
     # 5000 greedy tokens the sequence holds 3 + 5000 - 1 = 5002 KV positions:
@@ -454,6 +462,7 @@ def test_engine_generate_names_the_pool_a_long_answer_needs() -> None:
         eng.generate([[1, 2, 3]], max_new_tokens=5000)
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_generate_accepts_what_fits_exactly(engine: Any) -> None:
     # 56 prompt + 6 new + 1 = 63 < 64: the largest prompt admitted alone.
     assert len(engine.generate([list(range(56))], max_new_tokens=6)[0].output_ids) == 6

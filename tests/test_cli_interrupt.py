@@ -1,6 +1,7 @@
 """Ctrl-C during a sweep, for real: the CLI in a subprocess of its own session
-gets SIGINT once its sweep has started; it must exit 130 within 2 s, print no
-traceback, leave no process of its session running and write no file."""
+gets SIGINT (or SIGTERM, SIGHUP) once its sweep has started; it must exit 130 (143,
+129) within 2 s, print no traceback, leave no process of its session running and
+write no file. Ctrl-C at any point of every command exits 130 (in-process)."""
 
 from __future__ import annotations
 
@@ -41,12 +42,29 @@ def wait_for(predicate: object, timeout: float) -> bool:
     return False
 
 
+@pytest.mark.slow  # a replay of the bundled trace in a subprocess: seconds each
 @pytest.mark.parametrize(
-    ("workers", "to_group"),
-    [("2", True), ("2", False), ("1", True)],
-    ids=["2 workers, Ctrl-C to the group", "2 workers, SIGINT to the parent", "in-process"],
+    ("workers", "to_group", "sig"),
+    [
+        ("2", True, signal.SIGINT),
+        ("2", False, signal.SIGINT),
+        ("1", True, signal.SIGINT),
+        ("2", False, signal.SIGTERM),
+        ("2", True, signal.SIGHUP),
+        ("1", False, signal.SIGTERM),
+    ],
+    ids=[
+        "2 workers, Ctrl-C to the group",
+        "2 workers, SIGINT to the parent",
+        "in-process",
+        "2 workers, SIGTERM to the parent",
+        "2 workers, SIGHUP to the group",
+        "in-process, SIGTERM",
+    ],
 )
-def test_ctrl_c_stops_a_sweep(tmp_path: Path, workers: str, to_group: bool) -> None:
+def test_ctrl_c_stops_a_sweep(
+    tmp_path: Path, workers: str, to_group: bool, sig: signal.Signals
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     err_path = tmp_path / "stderr.txt"
@@ -69,9 +87,9 @@ def test_ctrl_c_stops_a_sweep(tmp_path: Path, workers: str, to_group: bool) -> N
         time.sleep(0.5)
         sent = time.monotonic()
         if to_group:
-            os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+            os.killpg(proc.pid, sig)  # what a terminal's Ctrl-C (or closing it) does
         else:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
         code = proc.wait(timeout=30)
         took = time.monotonic() - sent
     finally:
@@ -80,10 +98,11 @@ def test_ctrl_c_stops_a_sweep(tmp_path: Path, workers: str, to_group: bool) -> N
             proc.wait()
     stderr = err_path.read_text()
     print(f"Ctrl-C to exit: {took:.2f} s")  # shown with -s
-    assert code == 130, stderr
+    assert code == (130 if sig == signal.SIGINT else 128 + sig), stderr
     assert took < 2.0, f"exit took {took:.2f} s"
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
-    assert stderr.rstrip().endswith("mambaradix replay: interrupted; nothing written")
+    how = "" if sig == signal.SIGINT else f" ({sig.name})"
+    assert stderr.rstrip().endswith(f"mambaradix replay: interrupted{how}; nothing written")
     assert session_processes(proc.pid) == []  # no worker left running
     assert list(out.iterdir()) == []  # no plot, no JSON, no temporary file
 
@@ -124,3 +143,64 @@ def test_ctrl_c_before_the_command_runs(
     assert main(argv) == 130
     err = capsys.readouterr().err
     assert err.strip() == says
+
+
+EVERY_COMMAND = {  # id: (argv, what raises Ctrl-C mid-run, what stderr ends with)
+    "replay": (
+        ["replay", "--trace", "synthetic-agent", "--memory", "5", "--workers", "1", "--no-plot"],
+        "mambaradix.replay.sweep.sweep",
+        "mambaradix replay: interrupted; nothing written",
+    ),
+    "demo": (
+        ["demo", "--sessions", "2", "--turns", "2", "--no-progress"],
+        "mambaradix.demo.report",
+        "mambaradix demo: interrupted; nothing written",
+    ),
+    "engine": (["engine"], "mambaradix.cli.engine.prepare", "mambaradix engine: interrupted"),
+    "merge": (["merge", "a.json"], "mambaradix.cli.merge._read_json", "mambaradix merge: inter"),
+}
+
+
+@pytest.mark.parametrize("command", list(EVERY_COMMAND))
+def test_ctrl_c_in_every_command_exits_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    from mambaradix.cli import main
+
+    argv, target, says = EVERY_COMMAND[command]
+    if command == "engine":
+        pytest.importorskip("transformers")
+    monkeypatch.setattr(target, _interrupt)
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err.strip().startswith(says), err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+)
+def test_index_exits_with_the_signal_that_stopped_it(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    sig: signal.Signals,
+    code: int,
+) -> None:
+    """`mambaradix index` serves until a signal: its exit code says which (it was 0)."""
+    pytest.importorskip("zmq")
+    from mambaradix.cli import main
+    from mambaradix.index.subscriber import ZmqSubscriber
+
+    polled = ZmqSubscriber.poll
+
+    def poll(self: ZmqSubscriber, timeout: float) -> object:
+        signal.raise_signal(sig)  # once it serves, with its own handlers in place
+        return polled(self, timeout)
+
+    monkeypatch.setattr(ZmqSubscriber, "poll", poll)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    argv = ["index", "--workers", "1=tcp://127.0.0.1:5999", "--port", "0", "--duration", "30"]
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert err.strip() == f"mambaradix index: interrupted ({sig.name}); stopped"
+    assert {s: signal.getsignal(s) for s in before} == before  # its handlers are gone again

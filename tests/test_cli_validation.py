@@ -403,6 +403,7 @@ def test_engine_inputs(
     assert says in refused(cwd, capsys, "engine", *args)
 
 
+@pytest.mark.slow  # builds a model
 def test_engine_refuses_a_directory_it_cannot_serve(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -482,6 +483,7 @@ def test_engine_kv_need_counts_an_answer_beyond_the_clip(
     assert "needs a pool of 5,002 tokens" in line and "use --kv-tokens >= 5,002" in line
 
 
+@pytest.mark.slow  # builds a model
 @pytest.mark.parametrize(
     "paging",
     [

@@ -342,6 +342,7 @@ def check_one_instance(trace: Trace, cfg: ServingConfig, routers: list[str]) -> 
             assert row["load_imbalance"] == 1.0
 
 
+@pytest.mark.slow  # every policy and router on three traces: half a minute
 @pytest.mark.parametrize("trace", small_traces(), ids=lambda t: t.name)
 def test_one_instance_reproduces_the_single_instance_replay_exactly(trace: Trace) -> None:
     # Every metric of `replay()` (wall-clock times aside), every policy, every router.
@@ -358,6 +359,7 @@ def test_one_instance_reproduces_the_single_instance_replay_at_a_rate(trace: Tra
     check_one_instance(trace, ServingConfig(memory_gb=mem, rate=50.0), list(ROUTERS))
 
 
+@pytest.mark.slow
 def test_conservation_and_every_request_once_on_every_instance() -> None:
     trace = multi_turn(sessions=10, turns=(4, 4), seed=5)
     cfg = ServingConfig(memory_gb=0.003, rate=40.0)
@@ -458,6 +460,7 @@ def test_read_only_match_changes_nothing_and_answers_the_same() -> None:
     assert ro.evict(states=1).freed_states == build().evict(states=1).freed_states
 
 
+@pytest.mark.slow
 def test_hybrid_decides_as_the_oracle_with_no_lag_at_page_granularity() -> None:
     # With no lag and the router's block at the tree's page, the indexer's usable prefix
     # is what each tree would serve (the property test above), so hybrid and the oracle

@@ -23,6 +23,8 @@ from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.sweep import sweep
 from mambaradix.replay.workloads import multi_turn
 
+pytestmark = pytest.mark.slow  # a local Dask cluster: seconds to start
+
 WALL_CLOCK = frozenset({"replay_s", "requests_per_s"})
 
 

@@ -21,7 +21,11 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("page_size,chunk_size,seeds,n_ops", CONFIGS)
+@pytest.mark.parametrize(
+    "page_size,chunk_size,seeds,n_ops",
+    # the first two (90,000 operations) in the slow tier, the others by default
+    [*(pytest.param(*c, marks=pytest.mark.slow) for c in CONFIGS[:2]), *CONFIGS[2:]],
+)
 def test_same_decisions_as_sglang(
     page_size: int, chunk_size: int, seeds: range, n_ops: int
 ) -> None:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # NVIDIA Dynamo's indexer in its own venv and process
+
 ROOT = Path(__file__).resolve().parents[1]
 DYNAMO_PYTHON = ROOT / ".venv-dynamo" / "bin" / "python"
 DRIVER = ROOT / "tests" / "dynamo_driver.py"

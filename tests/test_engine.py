@@ -22,6 +22,8 @@ from mambaradix.engine.workload import run_conversations  # noqa: E402
 from mambaradix.lifecycle import lru_evictor  # noqa: E402
 from mambaradix.scheduler import Sequence  # noqa: E402
 
+pytestmark = pytest.mark.slow  # engine runs: a real model, seconds each
+
 MODELS = ["nemotron-h-tiny", "qwen3-next-tiny"]
 TOL = 1e-4
 VOCAB = 1024

@@ -19,6 +19,8 @@ from engine_device import engine_net
 from mambaradix.engine import Engine, build_model
 from mambaradix.engine.workload import run_conversations
 
+pytestmark = pytest.mark.slow  # engine runs: a real model, seconds each
+
 MODELS = ["nemotron-h-tiny", "qwen3-next-tiny"]
 TOL = 1e-4
 

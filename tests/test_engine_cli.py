@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.slow  # engine runs through the CLI: a real model, seconds each
+
 
 def test_engine_cli_mt_bench(capsys: pytest.CaptureFixture[str]) -> None:
     from mambaradix.cli import main

@@ -19,6 +19,8 @@ import torch
 from mambaradix.engine import Engine, Result, build_model
 from mambaradix.engine.workload import run_conversations
 
+pytestmark = pytest.mark.slow  # engine runs: a real model, seconds each
+
 GRID = 16
 
 

@@ -25,6 +25,8 @@ from mambaradix.replay.policies import (
     SGLangExtraBuffer,
 )
 
+pytestmark = pytest.mark.slow  # engine runs: a real model, seconds each
+
 CASES = [
     # (policy, engine keyword arguments)
     (DefaultPolicy, {"kv_tokens": 420, "state_slots": 10, "chunk_size": 32}),

@@ -45,6 +45,8 @@ if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
     MACHINE_SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
 else:
     MACHINE_SETTINGS = settings(deadline=None)
+# The full budget runs in the slow tier; the default tier runs a sixth of it.
+QUICK_SETTINGS = settings(max_examples=10, stateful_step_count=40, deadline=None)
 
 
 class IndexMachine(RuleBasedStateMachine):
@@ -189,20 +191,26 @@ class IndexMachine(RuleBasedStateMachine):
             self.tree.dec_lock_ref(receipt)
 
 
-def _machine(compat: str | None, page: int, block: int) -> type[IndexMachine]:
+def _machine(
+    compat: str | None, page: int, block: int, budget: settings = MACHINE_SETTINGS
+) -> type[IndexMachine]:
     kind = "Default" if compat is None else compat.replace("-", "").replace(".", "_").title()
     name = f"Index{kind}Page{page}Block{block}"
     machine = type(name, (IndexMachine,), {"COMPAT": compat, "PAGE": page, "BLOCK": block})
-    machine.TestCase.settings = MACHINE_SETTINGS
+    machine.TestCase.settings = budget
     return machine
 
 
-TestDefaultPage1Block2 = _machine(None, 1, 2).TestCase
-TestDefaultPage1Block3 = _machine(None, 1, 3).TestCase
-TestDefaultPage2Block4 = _machine(None, 2, 4).TestCase
-TestSglangPage1Block2 = _machine("sglang-0.5.15.post1", 1, 2).TestCase
-TestSglangPage2Block2 = _machine("sglang-0.5.15.post1", 2, 2).TestCase
-TestSglang0523Page2Block2 = _machine("sglang-0.5.23", 2, 2).TestCase
+TestDefaultPage1Block2 = pytest.mark.slow(_machine(None, 1, 2).TestCase)
+TestDefaultPage1Block3 = pytest.mark.slow(_machine(None, 1, 3).TestCase)
+TestDefaultPage2Block4 = pytest.mark.slow(_machine(None, 2, 4).TestCase)
+TestSglangPage1Block2 = pytest.mark.slow(_machine("sglang-0.5.15.post1", 1, 2).TestCase)
+TestSglangPage2Block2 = pytest.mark.slow(_machine("sglang-0.5.15.post1", 2, 2).TestCase)
+TestSglang0523Page2Block2 = pytest.mark.slow(_machine("sglang-0.5.23", 2, 2).TestCase)
+TestDefaultPage1Block3Quick = _machine(None, 1, 3, QUICK_SETTINGS).TestCase
+TestDefaultPage2Block4Quick = _machine(None, 2, 4, QUICK_SETTINGS).TestCase
+TestSglangPage2Block2Quick = _machine("sglang-0.5.15.post1", 2, 2, QUICK_SETTINGS).TestCase
+TestSglang0523Page2Block2Quick = _machine("sglang-0.5.23", 2, 2, QUICK_SETTINGS).TestCase
 
 
 # ------------------------------------------------ real page sizes, several workers

@@ -137,6 +137,7 @@ def _check(out: Outcome, shape: StreamShape, expects: tuple[str, ...]) -> None:
         assert seen[what] > 0, f"the stream has no {what}: {seen}"
 
 
+@pytest.mark.slow  # a lockstep run beside SGLang's code: 5-20 s each
 @pytest.mark.parametrize(("cfg", "shape", "expects"), CONFIGS, ids=IDS)
 def test_lifecycle_equals_sglang(cfg: Config, shape: StreamShape, expects: tuple[str, ...]) -> None:
     _check(run_lockstep(cfg, shape, seed=9), shape, expects)

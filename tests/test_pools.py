@@ -382,8 +382,11 @@ class TokenAllocatorMachine(RuleBasedStateMachine):
         assert {i for i in range(self.SIZE) if self.alloc.is_free(i)} == self.model_free
 
 
-TestTokenAllocatorMachine = TokenAllocatorMachine.TestCase
+# The full budgets run in the slow tier; the default tier runs a quarter of them.
+TestTokenAllocatorMachine = pytest.mark.slow(TokenAllocatorMachine.TestCase)
 TestTokenAllocatorMachine.settings = settings(max_examples=40, deadline=None)
+TestTokenAllocatorMachineQuick = type("TokenAllocatorQuick", (TokenAllocatorMachine,), {}).TestCase
+TestTokenAllocatorMachineQuick.settings = settings(max_examples=10, deadline=None)
 
 
 class PagedRequestsMachine(RuleBasedStateMachine):
@@ -439,8 +442,10 @@ class PagedRequestsMachine(RuleBasedStateMachine):
         assert not any(self.alloc.is_free(i) for i in idx)
 
 
-TestPagedRequestsMachine = PagedRequestsMachine.TestCase
+TestPagedRequestsMachine = pytest.mark.slow(PagedRequestsMachine.TestCase)
 TestPagedRequestsMachine.settings = settings(max_examples=40, deadline=None)
+TestPagedRequestsMachineQuick = type("PagedRequestsQuick", (PagedRequestsMachine,), {}).TestCase
+TestPagedRequestsMachineQuick.settings = settings(max_examples=10, deadline=None)
 
 
 # ---------------------------------------------------------------- StateSlotAllocator

@@ -43,6 +43,13 @@ from profiles import TINY
 
 ALL = [p for p in POLICIES if p != ORACLE]  # one policy each (the oracle is a set of runs)
 
+
+def quick(values: list[str], keep: str) -> list[object]:
+    """`values` as parameters, all but `keep` in the slow tier (each is a replay of
+    seconds; the default tier runs one, `-m slow` the rest)."""
+    return [v if v == keep else pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+
 # 0.05 GB: 0.05e9 * (1 - 0.9/1.9) / 1000 = 26315 KV tokens and
 # 0.05e9 * 0.9/1.9 / 20000 = 1184 states: far more than any golden trace needs.
 BIG = 0.05
@@ -535,7 +542,7 @@ def simulated(m: dict[str, object]) -> dict[str, object]:
     return {k: v for k, v in m.items() if k not in WALL_CLOCK}
 
 
-@pytest.mark.parametrize("policy", ALL)
+@pytest.mark.parametrize("policy", quick(ALL, "mambaradix"))
 def test_same_seed_same_metrics(policy: str) -> None:
     prof, cfg = get_profile("nemotron-h-8b"), ServingConfig(memory_gb=2)
     a = simulated(replay(small_multi_turn(7), prof, policy, cfg))
@@ -546,6 +553,7 @@ def test_same_seed_same_metrics(policy: str) -> None:
     assert c["prompt_tokens"] != a["prompt_tokens"]
 
 
+@pytest.mark.slow
 def test_same_trace_replayed_twice_is_identical_under_pressure() -> None:
     trace = shared_prefix(requests=80, seed=2)
     prof, cfg = get_profile("marconi-7b"), ServingConfig(memory_gb=0.5)
@@ -561,8 +569,8 @@ def committed_units(r: TraceRequest) -> int:
     return len(r.input_units) + max(len(r.output_units) - 1, 0)
 
 
-@pytest.mark.parametrize("rate", [None, 100.0])
-@pytest.mark.parametrize("policy", ALL)
+@pytest.mark.parametrize("rate", [None, pytest.param(100.0, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("policy", quick(ALL, "sglang-extra-buffer"))
 def test_memory_pressure_accounts_every_request(policy: str, rate: float | None) -> None:
     trace = multi_turn(sessions=16, seed=0)
     cfg = ServingConfig(memory_gb=0.3, rate=rate)
@@ -580,7 +588,7 @@ def test_memory_pressure_accounts_every_request(policy: str, rate: float | None)
     assert 0 <= m["token_hit_rate"] <= bound_token_hit_rate(trace)
 
 
-@pytest.mark.parametrize("policy", [p for p in ALL if p != "vllm"])
+@pytest.mark.parametrize("policy", quick([p for p in ALL if p != "vllm"], "sglang"))
 def test_requests_that_can_never_fit_are_dropped(policy: str) -> None:
     # marconi-7b at 0.3 GB: 0.3e9 * (1 - 0.9/1.9) // 65536 = 2409 KV tokens. A
     # request is dropped exactly when its committed sequence exceeds the pool.
@@ -657,7 +665,7 @@ def test_vllm_block_pool_under_pressure_holds_what_the_tree_holds() -> None:
         assert all(pol.pool.holds(k) for k in pol.slots.keys(slot))
 
 
-@pytest.mark.parametrize("policy", [p for p in ALL if p != "vllm"])
+@pytest.mark.parametrize("policy", quick([p for p in ALL if p != "vllm"], "mambaradix"))
 def test_sequential_shared_budget_under_pressure(policy: str) -> None:
     sim = run_sequential_under_pressure(policy)
     trace_len = len(sim.trace)
@@ -712,6 +720,7 @@ def test_pool_too_small_for_two_states_is_rejected() -> None:
 # --------------------------------------------------- policy comparisons
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_mambaradix_beats_sglang_on_multi_turn_at_moderate_memory(seed: int) -> None:
     trace = multi_turn(sessions=16, seed=seed)
@@ -726,6 +735,7 @@ def test_mambaradix_beats_sglang_on_multi_turn_at_moderate_memory(seed: int) -> 
     assert ours["token_hit_rate"] <= bound
 
 
+@pytest.mark.slow
 def test_more_memory_never_hurts_mambaradix_here() -> None:
     trace = multi_turn(sessions=16, seed=0)
     prof = get_profile("nemotron-h-8b")

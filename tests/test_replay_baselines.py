@@ -136,6 +136,7 @@ def test_vllm_draws_kv_and_states_from_one_block_pool() -> None:
 # ---------------------------------------------------------------- oracle
 
 
+@pytest.mark.slow  # a replay per alpha of the oracle's grid
 def test_marconi_oracle_is_the_best_of_its_runs() -> None:
     trace = multi_turn(sessions=12, seed=3)
     prof, cfg = get_profile("jamba-1.5-mini"), ServingConfig(memory_gb=0.3)

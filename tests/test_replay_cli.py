@@ -208,6 +208,7 @@ def test_parallel_workers_give_the_same_results(tmp_path: Path, tiny_trace: Path
     assert one["bound"] == two["bound"]
 
 
+@pytest.mark.slow  # the whole bundled trace: seconds
 def test_bundled_mooncake(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, data, png = run_cli(
         tmp_path,
@@ -319,6 +320,7 @@ def test_limit_must_be_positive(limit: str, capsys: pytest.CaptureFixture[str]) 
     assert "--limit" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_state_fraction_sweep(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     code = main(

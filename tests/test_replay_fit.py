@@ -115,7 +115,10 @@ def test_the_least_pool_by_hand(
 
 
 @pytest.mark.parametrize("page", [1, 16])
-@pytest.mark.parametrize("gb", [0.12, 0.3, 0.5])
+@pytest.mark.parametrize(
+    "gb",
+    [0.12, pytest.param(0.3, marks=pytest.mark.slow), pytest.param(0.5, marks=pytest.mark.slow)],
+)
 def test_never_fit_is_what_the_serving_model_drops(page: int, gb: float) -> None:
     tr, prof = multi_turn(sessions=16, seed=0), get_profile("marconi-7b")
     cfg = ServingConfig(gb, page_size=page, track_interval=256)
@@ -288,6 +291,7 @@ def cli(dropped_trace: Path, tmp_path: Path, memory: str, policy: str) -> list[s
     return args + ["--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]
 
 
+@pytest.mark.slow
 def test_cli_warns_and_records_the_dropped(
     tmp_path: Path, dropped_trace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -27,6 +27,7 @@ def run(tmp_path: Path, trace: str, extra: list[str], memory: str) -> dict[str, 
     return data
 
 
+@pytest.mark.slow  # each loads (and some tokenize) a bundled trace: seconds to a minute
 @pytest.mark.parametrize("trace", sorted(BUNDLED))
 def test_every_bundled_trace_in_both_disciplines(
     trace: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

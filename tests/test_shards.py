@@ -88,7 +88,9 @@ def run_sweep(trace: Any, shard: Shard | None = None, cluster: bool = False) -> 
     )
 
 
-@pytest.mark.parametrize("cluster", [False, True], ids=["single", "cluster"])
+@pytest.mark.parametrize(
+    "cluster", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["single", "cluster"]
+)
 def test_shards_merged_equal_a_serial_run(cluster: bool) -> None:
     trace = multi_turn(sessions=5, seed=4)
     serial = run_sweep(trace, cluster=cluster)

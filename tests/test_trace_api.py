@@ -193,6 +193,7 @@ def rows(t: Trace) -> list[tuple[object, ...]]:
     ]
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

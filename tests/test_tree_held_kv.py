@@ -30,6 +30,8 @@ if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
     MACHINE_SETTINGS = settings(max_examples=50, stateful_step_count=30, deadline=None)
 else:  # "deep" (see tests/conftest.py) decides the budget
     MACHINE_SETTINGS = settings(deadline=None)
+# The full budget runs in the slow tier; the default tier runs a fifteenth of it.
+QUICK_SETTINGS = settings(max_examples=5, stateful_step_count=20, deadline=None)
 
 # Where runs start: page and template-block edges, the fast path's 2**32 limit,
 # int64's end, negative indices.
@@ -224,8 +226,10 @@ class HeldMachine(RuleBasedStateMachine):
         self.held.check()
 
 
-TestHeldAgainstSet = HeldMachine.TestCase
+TestHeldAgainstSet = pytest.mark.slow(HeldMachine.TestCase)
 TestHeldAgainstSet.settings = MACHINE_SETTINGS
+TestHeldAgainstSetQuick = type("HeldMachineQuick", (HeldMachine,), {}).TestCase
+TestHeldAgainstSetQuick.settings = QUICK_SETTINGS
 
 
 # ------------------------------------------------ the tree vs a set (insert/evict/reset)
@@ -317,13 +321,19 @@ class TreeHeldMachine(RuleBasedStateMachine):
         self.cache.check_invariants()
 
 
-TestTreeHeldAgainstSet = TreeHeldMachine.TestCase
+TestTreeHeldAgainstSet = pytest.mark.slow(TreeHeldMachine.TestCase)
 TestTreeHeldAgainstSet.settings = MACHINE_SETTINGS
+TestTreeHeldAgainstSetQuick = type("TreeHeldMachineQuick", (TreeHeldMachine,), {}).TestCase
+TestTreeHeldAgainstSetQuick.settings = QUICK_SETTINGS
 
 
 class TreeHeldMachinePaged(TreeHeldMachine):
     PAGE_SIZE = 4
 
 
-TestTreeHeldAgainstSetPaged = TreeHeldMachinePaged.TestCase
+TestTreeHeldAgainstSetPaged = pytest.mark.slow(TreeHeldMachinePaged.TestCase)
 TestTreeHeldAgainstSetPaged.settings = MACHINE_SETTINGS
+TestTreeHeldAgainstSetPagedQuick = type(
+    "TreeHeldMachinePagedQuick", (TreeHeldMachinePaged,), {}
+).TestCase
+TestTreeHeldAgainstSetPagedQuick.settings = QUICK_SETTINGS

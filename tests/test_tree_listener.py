@@ -199,8 +199,17 @@ class Mirror:
 OPS = ["insert", "insert", "insert", "match", "lock", "unlock", "evict", "evict_one", "reset"]
 
 
-@pytest.mark.parametrize("page", [1, 2, 16, 64])
-@pytest.mark.parametrize("compat", [None, "sglang-0.5.15.post1", "sglang-0.5.23"])
+QUICK = {(None, 1), ("sglang-0.5.15.post1", 64), ("sglang-0.5.23", 16)}  # the rest: -m slow
+
+
+@pytest.mark.parametrize(
+    ("compat", "page"),
+    [
+        (c, p) if (c, p) in QUICK else pytest.param(c, p, marks=pytest.mark.slow)
+        for c in (None, "sglang-0.5.15.post1", "sglang-0.5.23")
+        for p in (1, 2, 16, 64)
+    ],
+)
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_hooks_rebuild_the_tree_after_random_operations(

@@ -58,6 +58,7 @@ if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
     MACHINE_SETTINGS = settings(max_examples=150, stateful_step_count=50, deadline=None)
 else:  # "deep" (see tests/conftest.py) decides the budget
     MACHINE_SETTINGS = settings(deadline=None)
+QUICK_SETTINGS = settings(max_examples=10, stateful_step_count=40, deadline=None)
 
 
 # --------------------------------------------------------------------- helpers
@@ -502,14 +503,21 @@ class TreeMachine(RuleBasedStateMachine):
 # --------------------------------------------------------- four configurations
 
 
-def _machine(compat: str | None, page: int, chunk: int) -> type[TreeMachine]:
+def _machine(
+    compat: str | None, page: int, chunk: int, budget: settings = MACHINE_SETTINGS
+) -> type[TreeMachine]:
     name = f"Tree{'Sglang' if compat else 'Default'}Page{page}"
     machine = type(name, (TreeMachine,), {"COMPAT": compat, "PAGE": page, "CHUNK": chunk})
-    machine.TestCase.settings = MACHINE_SETTINGS
+    machine.TestCase.settings = budget
     return machine
 
 
-TestDefaultPage1 = _machine(None, 1, 4).TestCase
-TestDefaultPage4 = _machine(None, 4, 8).TestCase
-TestSglangPage1 = _machine("sglang-0.5.15.post1", 1, 4).TestCase
-TestSglangPage4 = _machine("sglang-0.5.15.post1", 4, 8).TestCase
+# The full budget runs in the slow tier; the default tier runs a tenth of it.
+TestDefaultPage1 = pytest.mark.slow(_machine(None, 1, 4).TestCase)
+TestDefaultPage4 = pytest.mark.slow(_machine(None, 4, 8).TestCase)
+TestSglangPage1 = pytest.mark.slow(_machine("sglang-0.5.15.post1", 1, 4).TestCase)
+TestSglangPage4 = pytest.mark.slow(_machine("sglang-0.5.15.post1", 4, 8).TestCase)
+TestDefaultPage1Quick = _machine(None, 1, 4, QUICK_SETTINGS).TestCase
+TestDefaultPage4Quick = _machine(None, 4, 8, QUICK_SETTINGS).TestCase
+TestSglangPage1Quick = _machine("sglang-0.5.15.post1", 1, 4, QUICK_SETTINGS).TestCase
+TestSglangPage4Quick = _machine("sglang-0.5.15.post1", 4, 8, QUICK_SETTINGS).TestCase

@@ -511,6 +511,7 @@ def test_text_loaders_seeded(text_traces: dict[str, Trace]) -> None:
     assert not same_requests(other, again)
 
 
+@pytest.mark.slow  # renders every conversation through mistral-common's template
 def test_chat_template_matches_mistral_common(text_traces: dict[str, Trace]) -> None:
     """Our per-message template is token-for-token mistral-common's v7 chat
     template on every conversation without tool messages."""

@@ -5,15 +5,17 @@ counts), output-path checks made before any work, and all-or-nothing writes."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 __all__ = [
+    "STDOUT",
     "Parser",
     "UsageError",
     "check_output",
@@ -22,19 +24,83 @@ __all__ = [
     "plot_formats",
     "real",
     "reals",
+    "suggest",
     "write_all",
 ]
+
+STDOUT = "-"  # an output path that means stdout
 
 
 class UsageError(Exception):
     """Bad input found by a command's `validate()`: one line on stderr, exit 2."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Help that shows every option's default (unless its text already says it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        empty = isinstance(default, (list, tuple, dict, set)) and not default
+        if (
+            not action.option_strings
+            or default is None
+            or default is False
+            or default == argparse.SUPPRESS
+            or empty
+            or "default" in text
+        ):
+            return text
+        if isinstance(default, (list, tuple)):
+            shown = ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in default)
+        elif isinstance(default, float):
+            shown = f"{default:g}"
+        else:
+            shown = str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage block), still exit code 2."""
+    """argparse with one-line errors (no usage block), still exit code 2, the
+    defaults in `--help`, and "did you mean" for a mistyped choice."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        choices = action.choices
+        if choices is not None and value not in choices:
+            listed = ", ".join(map(repr, choices))
+            hint = suggest(str(value), [str(c) for c in choices])
+            raise argparse.ArgumentError(
+                action, f"invalid choice: {value!r} (choose from {listed}){hint}"
+            )
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    """ "; did you mean 'x'?" for the known name closest to a mistyped `name`, or ""."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+class Listed:
+    """Names for a help text, looked up only when the help is shown (`--help`);
+    use as `help="... %(known)s"` after `listed(action, names)`."""
+
+    def __init__(self, names: Callable[[], Iterable[str]]) -> None:
+        self._names = names
+
+    def __str__(self) -> str:
+        return ", ".join(self._names())
+
+
+def listed(action: argparse.Action, names: Callable[[], Iterable[str]]) -> None:
+    """Give `action`'s help a `%(known)s` that lists `names()`."""
+    action.known = Listed(names)  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------- argument types
@@ -129,9 +195,20 @@ def plot_formats() -> dict[str, str]:
     return dict(FigureCanvasAgg(Figure()).get_supported_filetypes())
 
 
-def check_output(path: Path, flag: str) -> None:
-    """UsageError unless `path` can be written: not a directory, and either a
-    writable file or creatable inside the nearest existing directory above it."""
+def is_stdout(path: Path | str | None) -> bool:
+    return path is not None and str(path) == STDOUT
+
+
+def check_output(path: Path, flag: str, inputs: Iterable[tuple[Path | str, str]] = ()) -> None:
+    """UsageError unless `path` can be written: stdout (`-`), or not a directory and
+    either a writable file or creatable inside the nearest existing directory above
+    it; and not one of `inputs`, (path, what it is) pairs: the run would overwrite
+    what it reads."""
+    if is_stdout(path):
+        return
+    for source, what in inputs:
+        if Path(source).is_file() and _same_file(path, Path(source)):
+            raise UsageError(f"{flag} {path} is {what}: the run would overwrite it")
     if path.is_dir():
         raise UsageError(f"{flag} {path} is a directory; name a file")
     if path.exists() and not path.is_file():  # a device or a FIFO: the output is renamed onto it
@@ -150,6 +227,14 @@ def check_output(path: Path, flag: str) -> None:
             pass
     except OSError as e:
         raise UsageError(f"{flag} {path}: cannot create files in {parent} ({e.strerror})") from None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether `a` names the existing file `b` (through links, `..` and hard links)."""
+    try:
+        return a.exists() and os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
 
 
 def write_all(writers: dict[Path, Callable[[Path], object]]) -> None:

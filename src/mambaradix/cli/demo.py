@@ -9,12 +9,12 @@ from mambaradix.cli.checks import UsageError, count
 
 
 def add(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sessions", type=count(1), default=24)
-    p.add_argument("--turns", type=count(1), default=6)
+    p.add_argument("--sessions", type=count(1), default=24, help="conversations")
+    p.add_argument("--turns", type=count(1), default=6, help="turns per conversation")
     p.add_argument("--kv-tokens", type=count(1), default=60_000, help="KV pool size in tokens")
     p.add_argument("--state-slots", type=count(2), default=48, help="state pool size in slots")
     p.add_argument("--chunk", type=count(1), default=512, help="prefill chunk size in tokens")
-    p.add_argument("--seed", type=count(0), default=0)
+    p.add_argument("--seed", type=count(0), default=0, help="of the made-up conversations")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 

@@ -61,7 +61,7 @@ def add(p: argparse.ArgumentParser) -> None:
         default=None,
         help="an SGLang release's tree and rules (sglang: the current one, 0.5.23)",
     )
-    p.add_argument("--seed", type=count(0, SEED_LIMIT), default=0)
+    p.add_argument("--seed", type=count(0, SEED_LIMIT), default=0, help="torch.manual_seed")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (never falls back)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model and pools")
     p.add_argument(

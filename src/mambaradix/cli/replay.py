@@ -17,16 +17,19 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from mambaradix.cli.checks import (
     UsageError,
     check_output,
     count,
+    is_stdout,
+    listed,
     names,
     plot_formats,
     real,
     reals,
+    suggest,
     warn,
     write_all,
 )
@@ -44,11 +47,20 @@ TRACK_INTERVAL = 256  # SGLang's --mamba-track-interval default (ServingConfig's
 
 
 def add(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", default="mooncake", help="bundled name or path to a JSONL trace")
-    p.add_argument(
-        "--model",
-        default="nemotron-h-8b",
-        help="built-in model name, or a model's config.json (or a directory holding one)",
+    listed(
+        p.add_argument(
+            "--trace", default="mooncake", help="a JSONL trace file or a bundled one: %(known)s"
+        ),
+        bundled_traces,
+    )
+    listed(
+        p.add_argument(
+            "--model",
+            default="nemotron-h-8b",
+            help="a built-in model (%(known)s), or a model's config.json (or a directory "
+            "holding one)",
+        ),
+        model_names,
     )
     p.add_argument(
         "--state-dtype",
@@ -58,12 +70,16 @@ def add(p: argparse.ArgumentParser) -> None:
         "int8 checkpoints change outputs)",
     )
     p.add_argument("--memory", type=reals(0), default=DEFAULT_MEMORY, help="GB, e.g. 10,20,40")
-    p.add_argument(
-        "--policy",
-        type=names,
-        default=None,
-        help="comma-separated (default: all but marconi-oracle, which is a run per alpha, "
-        "and the older SGLang release's rows, sglang-0.5.15.post1[-extra-buffer])",
+    listed(
+        p.add_argument(
+            "--policy",
+            type=names,
+            default=None,
+            help="comma-separated, of %(known)s (default: all but marconi-oracle, which is a "
+            "run per alpha, and the older SGLang release's rows, "
+            "sglang-0.5.15.post1[-extra-buffer])",
+        ),
+        policy_names,
     )
     p.add_argument(
         "--vllm-retention",
@@ -85,7 +101,8 @@ def add(p: argparse.ArgumentParser) -> None:
         "--page-size",
         type=count(1),
         default=1,
-        help="KV page in tokens (SGLang's --page-size); > 1 on token traces: extra_buffer only",
+        help="KV page in tokens (SGLang's --page-size); > 1 on token traces: extra_buffer "
+        "only; no effect on block traces (mooncake), whose blocks are whole pages",
     )
     p.add_argument(
         "--track-interval",
@@ -103,13 +120,16 @@ def add(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--limit", type=count(1), default=None, help="only the first N requests")
     p.add_argument("--workers", type=count(1), default=None, help="processes (default: cores)")
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument(
+        "--json", type=Path, default=None, help="write the results as JSON here (-: stdout)"
+    )
     p.add_argument(
         "--plot",
         default=None,
-        help="plot file (its extension picks the format) or directory "
+        help="plot file (its extension picks the format), directory, or - (a PNG on stdout) "
         "(default out/replay-TRACE-MODEL.png)",
     )
+    p.add_argument("--no-plot", action="store_true", help="write no plot (needs no matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_replay_arguments(p)  # --instances, --router..., --shard, --executor
     p.set_defaults(run=run)
@@ -122,8 +142,9 @@ def run(args: argparse.Namespace) -> int:
     profile, base, scale = validate(args)
     with shown(not args.no_progress):
         trace = load_trace(args.trace, args.limit, scale)
+        warn_no_effect(args, trace)
         policies, left_out = pick_policies(args, trace, base)
-        plot_path = plot_target(args.plot, trace, profile) if plots(scale) else None
+        plot_path = plot_target(args.plot, trace, profile) if plots(args, scale) else None
         check_outputs(plot_path, args.json, args.trace)
         check_sizes(trace, profile, base, policies, args)
         data = run_sweep(args, trace, profile, policies, base, scale)
@@ -132,21 +153,51 @@ def run(args: argparse.Namespace) -> int:
         data["model"]["state_dtype"] = args.state_dtype
         data["model"]["changes_outputs"] = profile.state_dtypes.changes_outputs
     data["elapsed_s"] = elapsed = time.perf_counter() - start
-    print(scale.table(data) if scale.cluster else table_text(data))
+    report = sys.stderr if is_stdout(plot_path) or is_stdout(args.json) else sys.stdout
+    print(scale.table(data) if scale.cluster else table_text(data), file=report)
     warn_dropped(data, trace, profile, base)
     if failed := [r for r in data["results"] if r["served"] == 0]:
         where = ", ".join(f"{r['policy']} at {r['memory_gb']:g} GB" for r in failed)
         msg = f"nothing was served ({where}): every request was dropped; no output written"
         print(f"mambaradix replay: error: {msg}", file=sys.stderr)
         return 1
-    write_outputs(data, plot_path, args.json)
-    print(f"({elapsed:.1f} s)")
+    write_outputs(data, plot_path, args.json, report)
+    print(f"({elapsed:.1f} s)", file=report)
     return 0
 
 
-def plots(scale: ScaleOut) -> bool:
-    """Single-instance, whole sweeps have a plot; cluster and shard runs do not."""
-    return scale.cluster is None and scale.shard is None
+def plots(args: argparse.Namespace, scale: ScaleOut) -> bool:
+    """Single-instance, whole sweeps have a plot (unless --no-plot); cluster and
+    shard runs do not."""
+    return scale.cluster is None and scale.shard is None and not args.no_plot
+
+
+def bundled_traces() -> list[str]:
+    from mambaradix.replay.workloads import BUNDLED
+
+    return sorted(BUNDLED)
+
+
+def model_names() -> list[str]:
+    from mambaradix.replay.models import PROFILES
+
+    return list(PROFILES)
+
+
+def policy_names() -> list[str]:
+    from mambaradix.replay.policies import POLICIES
+
+    return list(POLICIES)
+
+
+def warn_no_effect(args: argparse.Namespace, trace: Trace) -> None:
+    """A warning for an option that changes nothing on this trace."""
+    if args.page_size > 1 and trace.unit_tokens > 1 and trace.unit_tokens % args.page_size == 0:
+        warn(
+            f"--page-size {args.page_size} has no effect on {trace.name}: its "
+            f"{trace.unit_tokens}-token blocks are whole pages already (the tree's page is "
+            "one block)"
+        )
 
 
 def run_sweep(
@@ -189,7 +240,9 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
     except ValueError as e:
         raise UsageError(str(e)) from None
     profile = resolve_model(args.model, args.state_dtype)
-    if args.plot is not None and not plots(scale):
+    if args.plot is not None and args.no_plot:
+        raise UsageError("--plot and --no-plot contradict each other")
+    if args.plot is not None and not plots(args, scale):
         raise UsageError(
             "--plot has no effect with --instances or --shard (the table and --json have "
             "the results)"
@@ -199,8 +252,13 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
     if unknown := [x for x in args.policy or [] if x not in POLICIES]:
         raise UsageError(
             f"--policy: unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}"
+            f"{suggest(unknown[0], POLICIES)}"
         )
     retention_policies(args, profile)
+    if plots(args, scale):
+        check_matplotlib()
+    if args.executor is not None and args.workers is not None:
+        warn(f"--workers {args.workers} has no effect with --executor: its workers run the cells")
     if scale.cluster is not None and ORACLE in (args.policy or []):
         raise UsageError(f"--policy {ORACLE} (a run per alpha) has no --instances form")
     if args.sequential and args.state_fraction:
@@ -211,7 +269,7 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
             f"--track-interval {track} must be a multiple of --page-size {args.page_size}, "
             "as SGLang requires"
         )
-    plot_path = plot_target(args.plot, None, profile) if plots(scale) else None
+    plot_path = plot_target(args.plot, None, profile) if plots(args, scale) else None
     check_outputs(plot_path, args.json, args.trace)
     base = ServingConfig(
         memory_gb=args.memory[0],
@@ -236,7 +294,7 @@ def resolve_model(model: str, state_dtype: str = "auto") -> ModelProfile:
     try:
         profile = load_profile(model, state_dtype)
     except KeyError as e:
-        raise UsageError(f"--model: {e.args[0]}") from None
+        raise UsageError(f"--model: {e.args[0]}{suggest(model, model_names())}") from None
     except (ValueError, TypeError) as e:
         flag = "--state-dtype" if str(e).startswith("state_dtype") else "--model"
         raise UsageError(f"{flag}: {e}") from None
@@ -250,7 +308,7 @@ def resolve_model(model: str, state_dtype: str = "auto") -> ModelProfile:
 
 def retention_policies(args: argparse.Namespace, profile: ModelProfile) -> None:
     """With --vllm-retention, the vllm row runs at that interval (`vllm@N`, `vllm@dense`)."""
-    from mambaradix.replay.policies import SINGLE_RUN
+    from mambaradix.replay.policies import DEFAULT_RUN
     from mambaradix.replay.policies.vllm import parse_retention, retention_name
 
     if args.vllm_retention is None:
@@ -265,10 +323,21 @@ def retention_policies(args: argparse.Namespace, profile: ModelProfile) -> None:
             f"--vllm-retention {retention} must be a multiple of vLLM's block "
             f"({block} tokens for {profile.name})"
         )
-    names = list(args.policy or SINGLE_RUN)
+    names = list(args.policy or DEFAULT_RUN)
     if "vllm" not in names:
         raise UsageError("--vllm-retention has no effect: --policy does not run vllm")
     args.policy = [retention_name(retention) if p == "vllm" else p for p in names]
+
+
+def check_matplotlib() -> None:
+    """UsageError, before any work, when the plot cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "the plot needs matplotlib, which is not installed: pip install "
+            "'mambaradix[replay]', or give --no-plot (the table and --json have the results)"
+        ) from None
 
 
 def default_track_interval(page: int) -> int:
@@ -315,7 +384,8 @@ def load_trace(name: str, limit: int | None, scale: ScaleOut | None = None) -> T
     try:
         trace = load(name)
     except (ValueError, OSError, ImportError) as e:  # TraceFormatError is a ValueError
-        raise UsageError(f"--trace: {e}") from None
+        hint = "" if Path(name).exists() else suggest(name, bundled_traces())
+        raise UsageError(f"--trace: {e}{hint}") from None
     if limit is not None:
         trace.requests = trace.requests[:limit]
     try:
@@ -336,6 +406,8 @@ def plot_target(arg: str | None, trace: Trace | None, profile: ModelProfile) -> 
     if arg is None:
         return Path("out") / default
     path = Path(arg)
+    if is_stdout(path):
+        return path
     if arg.endswith(("/", "\\")) or path.is_dir():
         return path / default
     formats = plot_formats()
@@ -355,13 +427,11 @@ def plot_target(arg: str | None, trace: Trace | None, profile: ModelProfile) -> 
 
 def check_outputs(plot_path: Path | None, json_path: Path | None, trace: str) -> None:
     """Each output writable, the two apart, and neither the --trace file."""
-    source = Path(trace).resolve() if Path(trace).is_file() else None
     for flag, path in (("--plot", plot_path), ("--json", json_path)):
-        if path is None:
-            continue
-        check_output(path, flag)
-        if path.resolve() == source:
-            raise UsageError(f"{flag} {path} is the --trace file: the run would overwrite it")
+        if path is not None:
+            check_output(path, flag, inputs=[(trace, "the --trace file")])
+    if plot_path and json_path and str(plot_path) == str(json_path) == "-":
+        raise UsageError("--json - and --plot - both ask for stdout; give one of them a file")
     if plot_path and json_path and json_path.resolve() == plot_path.resolve():
         raise UsageError(f"--json and --plot name the same file {json_path}")
 
@@ -459,7 +529,10 @@ def warn_dropped(
         )
 
 
-def write_outputs(data: dict[str, Any], plot_path: Path | None, json_path: Path | None) -> None:
+def write_outputs(
+    data: dict[str, Any], plot_path: Path | None, json_path: Path | None, report: TextIO
+) -> None:
+    """The files together (all or nothing), then what goes to stdout."""
     from mambaradix.replay.sweep import plot
 
     writers: dict[Path, Callable[[Path], object]] = {}
@@ -467,8 +540,13 @@ def write_outputs(data: dict[str, Any], plot_path: Path | None, json_path: Path 
         writers[plot_path] = lambda p: plot(data, str(p))
     if json_path is not None:
         writers[json_path] = lambda p: p.write_text(json.dumps(data, indent=1))
-    write_all(writers)
-    if plot_path is not None:
-        print(f"\nplot: {plot_path}")
-    if json_path is not None:
-        print(f"json: {json_path}")
+    write_all({path: w for path, w in writers.items() if not is_stdout(path)})
+    if is_stdout(plot_path):
+        plot(data, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+    if is_stdout(json_path):
+        print(json.dumps(data, indent=1), flush=True)
+    if plot_path is not None and not is_stdout(plot_path):
+        print(f"\nplot: {plot_path}", file=report)
+    if json_path is not None and not is_stdout(json_path):
+        print(f"json: {json_path}", file=report)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from array import array
 from enum import IntEnum
-from typing import Any
+from typing import Any, NoReturn, SupportsIndex
 
 from mambaradix.core.keys import EMPTY
 
@@ -34,6 +34,9 @@ class Link:
         self.node = node
         self.lock = 0
         self.stamp = 0  # logical time of the last move to MRU
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise not_alone(self)
 
 
 class TreeNode:
@@ -70,6 +73,9 @@ class TreeNode:
         TreeNode._ids += 1
         self.id = TreeNode._ids
 
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise not_alone(self)
+
     @property
     def is_tombstone(self) -> bool:
         return self.state is None
@@ -96,3 +102,11 @@ class TreeNode:
             f"TreeNode(id={self.id}, key=[{head}] ({len(self.key)} tokens), state={self.state}, "
             f"kv_lock={self.kv.lock}, state_lock={self.st.lock})"
         )
+
+
+def not_alone(obj: object) -> TypeError:
+    """Nodes and links point into their whole tree: they are copied with it."""
+    return TypeError(
+        f"a {type(obj).__name__} is not pickled or copied on its own: pickle or copy the "
+        "MambaRadixCache that holds it (core/snapshot.py)"
+    )

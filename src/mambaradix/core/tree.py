@@ -36,15 +36,16 @@ from __future__ import annotations
 
 import operator
 from array import array
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol, SupportsIndex
 
 from mambaradix.core import unified
 from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_0_5_23, resolve_compat
 from mambaradix.core.held import HeldKV
 from mambaradix.core.keys import EMPTY, as_int_array, check_hashable, common_prefix_len
 from mambaradix.core.lru import LRUList
-from mambaradix.core.node import Resource, TreeNode
+from mambaradix.core.node import Resource, TreeNode, not_alone
 from mambaradix.core.results import EvictResult, InsertResult, MatchResult
+from mambaradix.core.threads import guard as guard_threads
 
 KV, STATE = Resource.KV, Resource.STATE
 
@@ -88,6 +89,9 @@ class LockReceipt:
         self.state_locked = state_locked
         self.active = True
 
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise not_alone(self)  # a copy could release the same lock twice
+
     def __repr__(self) -> str:
         state, active = self.state_locked, self.active
         return f"LockReceipt(node={self.node.id}, state_locked={state}, active={active})"
@@ -122,9 +126,17 @@ class MambaRadixCache:
     chunk_size: the checkpoint grid used for `branching_len` (a multiple of page_size).
     compat: None for the fixed behaviour, or the SGLang release to reproduce:
         "sglang-0.5.15.post1", "sglang-0.5.23" ("sglang": the current one, 0.5.23).
+    check_threads: raise ConcurrentUseError when two threads are inside at once (the
+    cache is not thread-safe); None: on under `python -X dev` or MAMBARADIX_CHECK_THREADS=1.
     """
 
-    def __init__(self, page_size: int = 1, chunk_size: int = 64, compat: str | None = None) -> None:
+    def __init__(
+        self,
+        page_size: int = 1,
+        chunk_size: int = 64,
+        compat: str | None = None,
+        check_threads: bool | None = None,
+    ) -> None:
         self.page_size = _positive_int(page_size, "page_size")
         self.chunk_size = _positive_int(chunk_size, "chunk_size")
         page, chunk = self.page_size, self.chunk_size
@@ -135,6 +147,19 @@ class MambaRadixCache:
         self._unified = self.compat == SGLANG_0_5_23
         self._listeners: tuple[TreeListener, ...] = ()  # empty: no cost beyond one check
         self._init_tree()
+        guard_threads(self, check_threads)  # not thread-safe: a debug guard (core/threads.py)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled and deep-copied as flat data, at any size (core/snapshot.py)."""
+        from mambaradix.core.snapshot import reduce
+
+        return reduce(self)
+
+    def __copy__(self) -> MambaRadixCache:
+        """A whole copy: a shallow one would share nodes with this cache."""
+        import copy
+
+        return copy.deepcopy(self)
 
     # ------------------------------------------------------------------ setup
 

@@ -9,7 +9,8 @@ whatever it says; a stream laid out otherwise is counted as `dialect_mismatch` i
 `GET /workers`.
 
 Binds HTTP on 127.0.0.1 unless `--host` says otherwise; prints one line with the address
-once it listens; stops on SIGINT/SIGTERM or after `--duration` seconds.
+once it listens; stops after `--duration` seconds (exit 0) or on SIGINT, SIGTERM or
+SIGHUP (exit 130, 143, 129).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import time
 from typing import Any
 
 from mambaradix.events.releases import ingest_release
+
+# signals that stop the server (SIGHUP does not exist on Windows)
+STOP = (signal.SIGINT, signal.SIGTERM) + (() if sys.platform == "win32" else (signal.SIGHUP,))
 
 
 def _endpoints(text: str) -> dict[int, str]:
@@ -178,10 +182,18 @@ def _bad_endpoint(zmq: Any, endpoint: str) -> str | None:
 
 
 def _serve(server: Any, subscriber: Any, duration: float | None) -> int:
+    """Serve until --duration (exit 0) or a signal: 130 after Ctrl-C, 128 + N after
+    signal N (SIGTERM 143, SIGHUP 129), as every command exits."""
     stop = threading.Event()
+    got: list[int] = []
+
+    def ask_stop(signum: int, frame: Any) -> None:
+        got.append(signum)
+        stop.set()
+
+    old: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():  # signals reach only that one
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+        old = {sig: signal.signal(sig, ask_stop) for sig in STOP}
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1})
     thread.start()
     host, port = server.server_address[:2]
@@ -195,4 +207,10 @@ def _serve(server: Any, subscriber: Any, duration: float | None) -> int:
         thread.join(timeout=5)
         server.server_close()
         subscriber.close()
-    return 0
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if not got:
+        return 0
+    name = signal.Signals(got[0]).name
+    print(f"mambaradix index: interrupted ({name}); stopped", file=sys.stderr)
+    return 130 if got[0] == signal.SIGINT else 128 + got[0]

@@ -3,19 +3,16 @@
 `add_replay_arguments` adds `--instances`, `--router`, `--router-lag-ms`,
 `--router-block`, `--overlap-weight`, `--shard` and `--executor` to `mambaradix replay`;
 `ScaleOut.from_args` checks them (ValueError with a one-line message, before any work)
-and gives `sweep()` its keyword arguments; `table` prints cluster rows. `add_merge_parser`
-adds `mambaradix merge`.
+and gives `sweep()` its keyword arguments; `table` prints cluster rows (`mambaradix
+merge` is `cli/merge.py`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mambaradix.replay.routers import ROUTERS
@@ -169,43 +166,3 @@ def table(data: dict[str, Any]) -> str:
 def _seconds(x: float | None) -> str:
     """A TTFT, or '-' where nothing was served (it has none)."""
     return f"{'-':>9}" if x is None else f"{x:>8.3f}s"
-
-
-# ------------------------------------------------------------------- merge
-
-
-def add_merge_parser(sub: Any) -> None:
-    p = sub.add_parser("merge", help="merge the shard files of a `replay --shard` sweep")
-    p.add_argument("shards", nargs="+", help="shard files (replay --shard i/N --json FILE)")
-    p.add_argument("--json", default=None, help="write the merged results here")
-    p.set_defaults(func=run_merge)
-
-
-def run_merge(args: argparse.Namespace) -> int:
-    from mambaradix.replay.shards import ShardError, merge
-    from mambaradix.replay.sweep import table as sweep_table
-
-    try:
-        parts = [(name, _read_json(name)) for name in args.shards]
-        data = merge(parts)
-    except (ShardError, ValueError) as e:
-        print(f"mambaradix merge: error: {e}", file=sys.stderr)
-        return 2
-    has_router = any("router" in r for r in data["results"])
-    print(table(data) if has_router else sweep_table(data))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(data, indent=1))
-        print(f"json: {args.json}")
-    return 0
-
-
-def _read_json(name: str) -> Any:
-    try:
-        return json.loads(Path(name).read_text())
-    except OSError as e:
-        raise ValueError(f"cannot read {name}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{name} is not JSON ({e.msg} at line {e.lineno})") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{name} is not JSON (not UTF-8 text)") from None

@@ -3,8 +3,10 @@
 Each worker takes the next cell index from a shared counter, runs the cell and
 sends `(index, result)` back over its own pipe; the parent waits on the pipes.
 Workers ignore SIGINT (they are started with it blocked, so a Ctrl-C cannot
-reach one before it does) and use one torch thread. On any exception in the
-parent, KeyboardInterrupt included, every worker is killed: the parent never
+reach one before it does), die on SIGTERM and SIGHUP, die with the parent however
+it ends (Linux's parent-death signal; elsewhere a thread that watches the parent),
+and use one torch thread. On any exception in the parent, KeyboardInterrupt
+included (the CLI turns SIGTERM and SIGHUP into one), every worker is killed: the parent never
 waits on a queue, a lock or a task a worker might hold (`multiprocessing.Pool`
 can hang there when it is terminated). A worker that fails sends its
 exception; one that dies is reported with its exit code.
@@ -12,10 +14,15 @@ exception; one that dies is reported with its exit code.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing as mp
+import os
 import pickle
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
@@ -25,15 +32,51 @@ T = TypeVar("T")
 __all__ = ["run_forked"]
 
 
-def _quiet() -> None:
+# Held back while workers start: a Ctrl-C then reaches the parent alone, and a SIGTERM
+# or SIGHUP to the group reaches each worker once it has its own handlers.
+BLOCKED = {signal.SIGINT, signal.SIGTERM} | (
+    {signal.SIGHUP} if hasattr(signal, "SIGHUP") else set()
+)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _quiet(parent: int) -> None:
+    """A worker ignores Ctrl-C (the parent stops it), dies on SIGTERM and SIGHUP
+    (the handlers it inherited from the parent may raise instead), and dies
+    with its parent, however the parent ends (even by SIGKILL)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    for sig in BLOCKED - {signal.SIGINT}:
+        signal.signal(sig, signal.SIG_DFL)
+    _die_with(parent)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, BLOCKED)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
 
 
-def _worker(run: Callable[[T], Any], items: Sequence[T], counter: Any, out: Connection) -> None:
-    _quiet()
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when `parent` ends: the kernel's parent-death signal on
+    Linux, a watching thread elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        ok = sys.platform.startswith("linux") and libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+    except (OSError, AttributeError):
+        ok = False
+    if not ok:
+        threading.Thread(target=_watch, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:  # it ended before the signal was asked for
+        os._exit(1)
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _worker(
+    run: Callable[[T], Any], items: Sequence[T], counter: Any, out: Connection, parent: int
+) -> None:
+    _quiet(parent)
     while True:
         with counter.get_lock():
             i = counter.value
@@ -67,16 +110,18 @@ def run_forked(
     counter = ctx.Value("q", 0)
     procs: list[Any] = []
     pipes: list[Connection] = []
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED)
+    parent = os.getpid()
     try:
         for _ in range(workers):
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker, args=(run, items, counter, send), daemon=True)
+            work = (run, items, counter, send, parent)
+            proc = ctx.Process(target=_worker, args=work, daemon=True)
             proc.start()
             send.close()
             procs.append(proc)
             pipes.append(receive)
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a Ctrl-C meanwhile lands here
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a signal meanwhile lands here
         results = _collect(pipes, procs, len(items), done)
     except BaseException:
         for proc in procs:

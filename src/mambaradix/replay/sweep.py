@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import Executor
 from dataclasses import replace
-from typing import Any
+from typing import Any, BinaryIO
 
 from mambaradix.replay.bound import bound_token_hit_rate
 from mambaradix.replay.cells import Cell, build_cells, row_key, run_cell
@@ -210,10 +210,10 @@ def _mark_dropped(ax: Any, results: list[dict[str, Any]]) -> None:
         )
 
 
-def plot(data: dict[str, Any], path: str) -> None:
+def plot(data: dict[str, Any], path: str | BinaryIO) -> None:
     """Token hit rate against memory, one line per policy, the bound as a line;
     a cross marks the points at which requests were dropped. The format
-    follows `path`'s extension."""
+    follows `path`'s extension (a binary stream gets a PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -252,5 +252,5 @@ def plot(data: dict[str, Any], path: str) -> None:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format=None if isinstance(path, str) else "png")
     plt.close(fig)

@@ -1,0 +1,78 @@
+"""bench/evaluate.py (12-19 minutes) says how far it is, and ends with its workers on
+Ctrl-C, SIGTERM or SIGHUP."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import signal
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from mambaradix.cli.signals import Terminated
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "evaluate.py"
+
+
+@pytest.fixture(scope="module")
+def evaluate() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("evaluate", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["evaluate"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+LINE = re.compile(r"^  (\d+)/(\d+) runs, \d+ s, about \d+ s left$")
+
+
+def test_a_line_per_interval_and_one_at_the_end(
+    evaluate: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = iter([0.0, 1.0, 12.0, 13.0, 30.0, 31.0])  # start, then one reading per run
+    monkeypatch.setattr(evaluate.time, "monotonic", lambda: next(clock))
+    progress = evaluate.Progress(5, every=10.0)
+    for _ in range(5):
+        progress()
+    lines = capsys.readouterr().err.splitlines()
+    done = [LINE.match(x) for x in lines]
+    assert all(done), lines
+    # at 12 s (10 s after the start's line: 2 runs), at 30 s, and at the end (5 of 5)
+    assert [(m.group(1), m.group(2)) for m in done if m] == [("2", "5"), ("4", "5"), ("5", "5")]
+    assert lines[0] == "  2/5 runs, 12 s, about 18 s left"  # 6 s a run so far, 3 to go
+
+
+def test_the_runs_go_through_workers_that_die_with_it(
+    evaluate: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[int] = []
+
+    def forked(run: object, items: list[object], workers: int, done: object) -> list[object]:
+        seen.append(workers)
+        return []
+
+    monkeypatch.setattr(evaluate, "run_forked", forked)
+    assert evaluate.run_all([], 2) == [] and seen == [2]
+
+
+@pytest.mark.parametrize(
+    ("stop", "code"), [(KeyboardInterrupt(), 130), (Terminated(signal.SIGTERM), 143)]
+)
+def test_interrupted_it_exits_with_the_signals_code(
+    evaluate: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stop: BaseException,
+    code: int,
+) -> None:
+    def main() -> None:
+        raise stop
+
+    monkeypatch.setattr(evaluate, "main", main)
+    monkeypatch.setattr(sys, "argv", ["evaluate.py"])
+    assert evaluate.interruptible() == code
+    assert "nothing written" in capsys.readouterr().err
