@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -36,7 +37,11 @@ class UsageError(Exception):
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Help that shows every option's default (unless its text already says it)."""
+    """Help that shows every option's default (unless its text already says it), and
+    never breaks a name such as `synthetic-agent` at its hyphen."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
