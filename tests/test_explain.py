@@ -173,24 +173,28 @@ def test_categories_add_up_on_several_instances(policy: str) -> None:
     assert e.totals()["other_instance"] > 0
 
 
+BUNDLED = (("synthetic-agent", None, (1.0, 10.0)), ("synthetic-multi-turn", None, (1.0, 10.0)))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", [*SINGLE_RUN, "marconi-oracle"])
+@pytest.mark.parametrize("policy", SINGLE_RUN)
 def test_categories_add_up_on_bundled_traces(policy: str) -> None:
-    for name, limit in (
-        ("synthetic-agent", None),
-        ("synthetic-multi-turn", None),
-        ("mooncake", 300),
-    ):
+    for name, limit, memories in (*BUNDLED, ("mooncake", 200, (20.0,))):
         trace = load(name)
         trace.requests = trace.requests[:limit]
-        structure = ideal(trace)
-        for memory in (1.0, 5.0, 20.0):
-            for base in (ServingConfig(memory), ServingConfig(memory, sequential=True)):
-                for open_loop in (False, True):
-                    c = replace(base, open_loop=open_loop)
-                    hits = replay(trace, PROFILE, policy, c, per_request=True)["request_hits"]
-                    e = explain(trace, PROFILE, policy, c, structure=structure)
-                    check_exact(e, trace, hits)
+        for memory in memories:
+            cfg = ServingConfig(memory)
+            for c in (cfg, replace(cfg, open_loop=True), replace(cfg, sequential=True)):
+                check_against_replay(trace, policy, c)
+
+
+@pytest.mark.slow
+def test_categories_add_up_for_the_oracle() -> None:
+    trace = load("synthetic-multi-turn")
+    hits = replay(trace, PROFILE, "marconi-oracle", ServingConfig(1.0))["cached_tokens"]
+    e = explain(trace, PROFILE, "marconi-oracle", ServingConfig(1.0))
+    assert e.hit_tokens == hits
+    check_exact(e, trace, [r.hit_tokens for r in e.requests])
 
 
 @pytest.mark.slow
