@@ -399,6 +399,11 @@ def test_kv_evicted() -> None:
     e = explain(trace, PROFILE, "sglang-used", ServingConfig(1.0, kv_units=100, state_slots=12))
     assert (e.requests[2].bound_tokens, e.requests[2].hit_tokens) == (50, 0)
     assert only(e, 2) == {"unreachable": 1, "kv_evicted": 49}
+    # Every eviction made room for KV: the first request's 49 units (two leaves,
+    # a state each) for the second, whose 84 (80 + 4) then go for the third.
+    nothing = {"kv_tokens": 0, "states": 0}
+    kv = {"kv_tokens": 49 + 84, "states": 4}
+    assert e.evicted == {"kv": kv, "states": nothing, "both": nothing}
 
 
 def state_evicted_trace() -> Trace:
@@ -426,6 +431,7 @@ def test_state_evicted_while_its_kv_stayed() -> None:
     e = explain(state_evicted_trace(), PROFILE, "sglang-used", SLOTS_4)
     assert (e.requests[2].bound_tokens, e.requests[2].hit_tokens) == (40, 0)
     assert only(e, 2) == {"state_evicted": 40}
+    assert e.evicted is not None and e.evicted["kv"]["kv_tokens"] == 0  # all for state room
 
 
 class Tier:

@@ -10,7 +10,9 @@ replay already has, and changes nothing it observes:
   and each checkpoint the policy's admission refused (`refused`);
 * the scheduler's `on_finish` / `on_abort` callbacks: requests that ended
   (`Shared.ended`, and `finished` when served);
-* `ServingModel.on_submit`: which scheduler request is which trace request.
+* `ServingModel.on_submit`: which scheduler request is which trace request;
+* the cache manager's evictor (`CacheManager.evictor`, the policy's): what
+  each eviction freed, and for which pool (`evicted`).
 
 The replay itself never pays for any of it: without an observer none of these
 hooks is set.
@@ -24,6 +26,8 @@ from typing import Protocol
 
 from mambaradix.core.keys import common_prefix_len
 from mambaradix.core.node import TreeNode
+from mambaradix.core.results import EvictResult
+from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import Request
 from mambaradix.replay.explain.attribute import NOTHING_SEEN, Seen
 from mambaradix.replay.explain.ideal import Prefixes, computable
@@ -112,6 +116,9 @@ def path_of(node: TreeNode) -> array[int]:
     return out
 
 
+FOR_KV, FOR_STATES, FOR_BOTH = "kv", "states", "both"
+
+
 class Observer:
     """Records one serving model's run (module docstring). `reach[i]`: the
     bound of trace request i, in units, as far as this engine can hold it;
@@ -135,6 +142,9 @@ class Observer:
         self.finished = Prefixes()  # what the requests it served could leave cached
         self.index: dict[Request, int] = {}
         self.seen: dict[int, tuple[Seen, int]] = {}
+        self.evicted = {why: [0, 0] for why in (FOR_KV, FOR_STATES, FOR_BOTH)}
+        """Per pool an eviction made room in: [KV units, states] it freed (a leaf
+        whose state goes takes its KV with it; a KV leaf, its state)."""
         self._hook(model)
 
     def _hook(self, model: ServingModel) -> None:
@@ -155,6 +165,16 @@ class Observer:
             self._ended(seq.id, served=False)
 
         sched.on_finish, sched.on_abort = finished, aborted
+        evictor = model.cache.evictor
+
+        def evict(tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
+            r = evictor(tree, kv_units, states)
+            why = FOR_BOTH if kv_units and states else FOR_KV if kv_units else FOR_STATES
+            self.evicted[why][0] += len(r.freed_kv)
+            self.evicted[why][1] += len(r.freed_states)
+            return r
+
+        model.cache.evictor = evict
 
     # ----------------------------------------------------- scheduler events
 

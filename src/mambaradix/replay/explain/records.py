@@ -53,6 +53,11 @@ class Explanation:
     router: str | None = None
     instances: int = 1
     alpha: float | None = None  # Marconi's tuned (oracle: best) alpha
+    evicted: dict[str, dict[str, int]] | None = None
+    """What the run's evictions freed, by the pool they made room in ("kv",
+    "states", "both": one shared budget): `kv_tokens` and `states`. A state
+    evicted from a leaf takes the leaf's KV with it, so KV freed for states is
+    KV lost to the state pool's pressure."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -97,6 +102,7 @@ class Explanation:
             "never_seen_tokens": self.prompt_tokens - self.bound_tokens,
             "categories": totals,
             "share_of_gap": {k: v / gap if gap else 0.0 for k, v in totals.items()},
+            "evicted": self.evicted,
             "config": asdict(self.config),
         }
 

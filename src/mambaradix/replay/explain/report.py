@@ -56,6 +56,8 @@ def table(summary: dict[str, Any]) -> str:
                 lines.append(f"  {name.replace('_', ' '):<20}{tokens:>14,} {share:>7.1%}")
         if not gap:
             lines.append("  no gap: every request hit its bound")
+        if r["evicted"] is not None:
+            lines += _evicted(r["evicted"])
     return "\n".join(lines)
 
 
@@ -70,6 +72,20 @@ def _heading(r: dict[str, Any], fractions: bool) -> str:
         f"{where} {r['policy']}: hit {r['hit_tokens'] / prompt:.1%} of prompt tokens; "
         f"gap to the bound {r['gap_tokens']:,} tokens ({r['gap_tokens'] / prompt:.1%})"
     )
+
+
+def _evicted(evicted: dict[str, dict[str, int]]) -> list[str]:
+    """Where the run's evictions made room, if any did."""
+    out = []
+    for why, e in evicted.items():
+        kv, states = f"{e['kv_tokens']:,} KV tokens", f"{e['states']:,} states"
+        if why == "kv" and e["kv_tokens"]:
+            out.append(f"  evicted for KV room: {kv} (and {states} with them)")
+        elif why == "states" and e["states"]:
+            out.append(f"  evicted for state room: {states} (and {kv} with them)")
+        elif why == "both" and (e["kv_tokens"] or e["states"]):
+            out.append(f"  evicted for room in the shared budget: {kv}, {states}")
+    return out
 
 
 def write_lines(runs: Iterable[Explanation], out: IO[str]) -> None:

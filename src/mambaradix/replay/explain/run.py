@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 
 from mambaradix.replay.checks import (
@@ -64,7 +65,7 @@ def explain(
         return _explain(trace, profile, policy, cfg, structure, router, spec, tiers)
     runs = [_explain(trace, profile, n, cfg, structure, None, None, tiers) for n in oracle_runs()]
     best = max(runs, key=lambda e: e.hit_tokens)  # the first of the grid among equals
-    return Explanation(ORACLE, cfg, best.requests, alpha=best.alpha)
+    return replace(best, policy=ORACLE)
 
 
 def _explain(
@@ -100,7 +101,17 @@ def _explain(
         router,
         len(models),
         alphas[0] if len(alphas) == 1 else None,
+        evicted(observers, trace.unit_tokens),
     )
+
+
+def evicted(observers: Sequence[Observer], unit: int) -> dict[str, dict[str, int]]:
+    """The observers' eviction counts, summed, KV in tokens."""
+    out = {}
+    for why in observers[0].evicted:
+        kv = sum(o.evicted[why][0] for o in observers)
+        out[why] = {"kv_tokens": kv * unit, "states": sum(o.evicted[why][1] for o in observers)}
+    return out
 
 
 def gaps(
