@@ -12,6 +12,7 @@ tokens are worked out in the test from how the trace is built.
 from __future__ import annotations
 
 import json
+import random
 from array import array
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +22,8 @@ import pytest
 from mambaradix.cli import main
 from mambaradix.replay.bound import bound_hit_tokens
 from mambaradix.replay.cluster import ClusterSpec, cluster_replay
-from mambaradix.replay.explain import CATEGORIES, Explanation, explain, ideal
+from mambaradix.replay.explain import CATEGORIES, Explanation, Seen, explain, ideal
+from mambaradix.replay.explain.attribute import categories
 from mambaradix.replay.models import get_profile
 from mambaradix.replay.policies import POLICIES, SINGLE_RUN
 from mambaradix.replay.policies.base import Policy
@@ -75,6 +77,28 @@ def check_exact(e: Explanation, trace: Trace, hits: list[int]) -> None:
 
 
 # --------------------------------------------------------------- the property
+
+
+def test_the_staircase_adds_up_whatever_it_is_given() -> None:
+    """`categories` on arbitrary positions (in any order, past the bound too) and
+    a block trace's token rule: the steps are >= 0 but `beyond_bound` (<= 0),
+    and add up to the tokens of the bound minus those of the hit."""
+    rng = random.Random(0)
+    for _ in range(2000):
+        bound = rng.randint(0, 40)
+        reach = rng.randint(0, bound)
+        hit = rng.randint(0, 45)
+        seen = Seen(*(rng.randint(0, 45) for _ in Seen._fields))
+        prompt = rng.randint(bound * 512 + 1, (bound + 6) * 512)
+
+        def tokens(u: int, prompt: int = prompt) -> int:
+            return min(u * 512, prompt - 1) if u else 0
+
+        cats = categories(bound, reach, hit, seen, tokens)
+        assert sum(cats.values()) == tokens(bound) - tokens(hit)
+        assert cats["dropped"] == 0 and cats["beyond_bound"] <= 0
+        assert all(v >= 0 for k, v in cats.items() if k != "beyond_bound")
+        assert (cats["beyond_bound"] < 0) == (tokens(hit) > tokens(reach))
 
 
 def conversation(ids: Ids, sessions: int = 4, gap: float = 0.1) -> Trace:

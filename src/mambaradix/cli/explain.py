@@ -28,8 +28,10 @@ from mambaradix.replay.cluster_cli import add_replay_arguments
 
 if TYPE_CHECKING:
     from mambaradix.replay.cells import Cell
+    from mambaradix.replay.cluster_cli import ScaleOut
     from mambaradix.replay.explain import Explanation, Ideal
     from mambaradix.replay.models import ModelProfile
+    from mambaradix.replay.serving import ServingConfig
     from mambaradix.replay.trace import Trace
 
 __all__ = ["add"]
@@ -101,8 +103,8 @@ def run_points(
     profile: ModelProfile,
     structure: Ideal,
     policies: list[str],
-    base: Any,
-    scale: Any,
+    base: ServingConfig,
+    scale: ScaleOut,
 ) -> list[Explanation]:
     """Every point, in table order (state fraction, memory, router, policy)."""
     import os
