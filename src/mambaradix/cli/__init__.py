@@ -1,5 +1,6 @@
-"""Command line: `mambaradix replay` (the main job), `mambaradix trace`,
-`mambaradix engine`, `mambaradix demo`, `mambaradix index` and `mambaradix merge`.
+"""Command line: `mambaradix replay` (the main job), `mambaradix explain`,
+`mambaradix trace`, `mambaradix engine`, `mambaradix demo`, `mambaradix index` and
+`mambaradix merge`.
 
 Every command checks all of its input before it starts any work. Exit codes:
 0 done; 1 the run failed (e.g. it served nothing); 2 bad input (one line on
@@ -21,6 +22,7 @@ __all__ = ["main"]
 
 COMMANDS: dict[str, str] = {
     "replay": "what a hybrid prefix cache saves on a workload, per policy",
+    "explain": "why each request hit short of the ideal bound, per policy and memory",
     "trace": "check a trace file and summarise it, or write the bundled sample",
     "demo": "multi-turn sessions through the cache, both tree behaviours",
     "engine": "a real hybrid model served on the cache, on vs off",
@@ -30,11 +32,12 @@ COMMANDS: dict[str, str] = {
 def parser() -> Parser:
     # imported here, inside main's Ctrl-C handling: they take a tenth of a second
     from mambaradix import __version__
-    from mambaradix.cli import demo, engine, merge, replay, trace
+    from mambaradix.cli import demo, engine, explain, merge, replay, trace
     from mambaradix.index.cli import add_parser as add_index_parser
 
     adders: dict[str, Callable[[argparse.ArgumentParser], None]] = {
         "replay": replay.add,
+        "explain": explain.add,
         "trace": trace.add,
         "demo": demo.add,
         "engine": engine.add,

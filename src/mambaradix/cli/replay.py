@@ -47,6 +47,25 @@ TRACK_INTERVAL = 256  # SGLang's --mamba-track-interval default (ServingConfig's
 
 
 def add(p: argparse.ArgumentParser) -> None:
+    add_serving_arguments(p)
+    p.add_argument(
+        "--json", type=Path, default=None, help="write the results as JSON here (-: stdout)"
+    )
+    p.add_argument(
+        "--plot",
+        default=None,
+        help="plot file (its extension picks the format), directory, or - (a PNG on stdout) "
+        "(default out/replay-TRACE-MODEL.png)",
+    )
+    p.add_argument("--no-plot", action="store_true", help="write no plot (needs no matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_replay_arguments(p)  # --instances, --router..., --shard, --executor
+    p.set_defaults(run=run)
+
+
+def add_serving_arguments(p: argparse.ArgumentParser) -> None:
+    """The workload, model and serving options (`--trace` to `--workers`), shared
+    by `replay` and `explain`."""
     listed(
         p.add_argument(
             "--trace", default="mooncake", help="a JSONL trace file or a bundled one: %(known)s"
@@ -120,19 +139,6 @@ def add(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--limit", type=count(1), default=None, help="only the first N requests")
     p.add_argument("--workers", type=count(1), default=None, help="processes (default: cores)")
-    p.add_argument(
-        "--json", type=Path, default=None, help="write the results as JSON here (-: stdout)"
-    )
-    p.add_argument(
-        "--plot",
-        default=None,
-        help="plot file (its extension picks the format), directory, or - (a PNG on stdout) "
-        "(default out/replay-TRACE-MODEL.png)",
-    )
-    p.add_argument("--no-plot", action="store_true", help="write no plot (needs no matplotlib)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_replay_arguments(p)  # --instances, --router..., --shard, --executor
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -231,7 +237,16 @@ def run_sweep(
 
 
 def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, ScaleOut]:
-    """Everything that needs no trace: model, policies, option combinations."""
+    """Everything that needs no trace: model, policies, option combinations, outputs."""
+    profile, base, scale = validate_serving(args)
+    plot_path = plot_target(args.plot, None, profile) if plots(args, scale) else None
+    check_outputs(plot_path, args.json, args.trace)
+    return profile, base, scale
+
+
+def validate_serving(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, ScaleOut]:
+    """The options of `add_serving_arguments` and `add_replay_arguments` (and
+    `--plot` against them): model, policies, option combinations."""
     from mambaradix.replay.policies import ORACLE, POLICIES, retired_reason
     from mambaradix.replay.serving import ServingConfig
 
@@ -269,8 +284,6 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
             f"--track-interval {track} must be a multiple of --page-size {args.page_size}, "
             "as SGLang requires"
         )
-    plot_path = plot_target(args.plot, None, profile) if plots(args, scale) else None
-    check_outputs(plot_path, args.json, args.trace)
     base = ServingConfig(
         memory_gb=args.memory[0],
         sequential=args.sequential,

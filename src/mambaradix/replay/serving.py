@@ -215,6 +215,9 @@ class ServingModel:
     on_done: Callable[[int, float], None] | None = None
     """Called with (request index, virtual time) when a request's answer is done
     or it is dropped: the driver's `Releases.done`."""
+    on_submit: Callable[[int, Sequence], None] | None = None
+    """Called with (request index, its new `Sequence`) as the request is queued
+    (`replay.explain` maps the scheduler's requests back to the trace)."""
 
     def __post_init__(self) -> None:
         # requests done (with their outcome) or dropped (None) in the step in flight
@@ -382,6 +385,8 @@ class ServingModel:
         steps = max(n_out - 1, tr.output_tokens - 1) if self.units.unit > 1 else None
         seq = Sequence(tr.input_units, n_out, script=script, id=i, arrival=at, decode_steps=steps)
         self.forward.requests[i] = tr
+        if self.on_submit is not None:
+            self.on_submit(i, seq)
         self.scheduler.submit(seq)
 
     def _drop(self, seq: Sequence) -> None:

@@ -121,6 +121,10 @@ class Policy:
     strategy = "no_buffer"
     finish_insert = True
     decode_interval: int | None = None  # no_buffer: checkpoint every N decoded units
+    admission_kinds: frozenset[str] = frozenset()
+    """Checkpoint kinds whose `cache_at` answer weighs the state against what is
+    cached (an admission decision), not where states go; `replay.explain` counts
+    their refusals as admission refused."""
 
     def attach(self, ctx: PolicyContext) -> None:
         self.ctx = ctx

@@ -82,6 +82,7 @@ class MambaRadix(Policy):
     """Ours (see the module docstring)."""
 
     name = "mambaradix"
+    admission_kinds = frozenset({STOP, CHUNK})  # `_admit`: value against the state displaced
 
     def __init__(self, **settings: Any) -> None:
         known = [f.name for f in fields(Settings)]

@@ -1,0 +1,138 @@
+"""The gap to the bound, split into categories that add up exactly.
+
+A request's gap is `bound - hit` prompt tokens. Between the two lie positions
+of its prompt (trace units), each an answer to "how far could the match have
+gone if this one thing had not happened?". Sorted from the bound down to the
+hit, they form a staircase; each step is one category, so the steps add up to
+the gap by construction (a telescoping sum), token for token.
+
+The levels (positions along the prompt, trace units), from the top; each is
+the longest prefix with its property or with a property of a level below it:
+
+    bound       shared with an earlier request's prompt and answer (the ideal,
+                `replay.bound`)
+    reach       ... as far as any cache of this engine holds it: without the
+                source answer's last token (its KV is never computed) and a
+                page's partial tail
+    session     held by a request that had ended, or by its own session's
+                earlier turn still in flight
+    ended       held by a request that had ended (finished or dropped)
+    elsewhere   held by a tree, or carried by a finished request, on any instance
+    here        ... on this instance
+    refused     covered by a checkpoint this tree held or its policy refused
+    ever_state  covered by a state this tree held at some time
+    kept_kv     ... whose KV is still cached
+    lower_tier  ... whose state is held in a lower tier (none exist yet: = hit)
+    hit         what the request hit
+
+The first three come from the trace; the others were recorded during the run,
+up to the request's (last) admission. Each step between two levels is one
+category:
+
+    unreachable        bound -> reach
+    in_flight          reach -> session      (concurrency: its source still ran,
+                                              waited, or was not yet released)
+    session_in_flight  session -> ended      (its own previous turn still ran)
+    source_dropped     ended -> elsewhere
+    other_instance     elsewhere -> here     (routing)
+    no_checkpoint      here -> refused       (no state kept: grid, retention)
+    admission_refused  refused -> ever_state
+    kv_evicted         ever_state -> kept_kv
+    state_evicted      kept_kv -> lower_tier (its KV stayed: a tombstone)
+    lower_tier         lower_tier -> hit
+
+The levels are computed bottom up, each the larger of the level below it and
+its own position capped at `reach`, so every step is >= 0. A hit above
+`reach` (from a source the bound does not count: a later request of the trace
+served earlier, or the request's own work before a retraction) leaves one
+negative step instead, `beyond_bound`. A dropped request's whole
+bound is `dropped`. Tokens come from positions by the replay's own rule
+(`Units.hit_tokens`: min(units x unit tokens, prompt - 1)), which is monotone,
+so the token steps telescope too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+CATEGORIES = (
+    "dropped",
+    "unreachable",
+    "in_flight",
+    "session_in_flight",
+    "source_dropped",
+    "other_instance",
+    "no_checkpoint",
+    "admission_refused",
+    "kv_evicted",
+    "state_evicted",
+    "lower_tier",
+    "beyond_bound",
+)
+"""Every category, from the bound down to the hit (see the module docstring)."""
+
+
+class Seen(NamedTuple):
+    """Raw positions (trace units along the request's prompt) recorded at its
+    admission, each the longest prefix with the property (0 for none)."""
+
+    session: int  # held by its session's earlier turn, not yet ended
+    ended: int  # held by a request that had ended (finished or dropped)
+    elsewhere: int  # held or finished on any instance
+    here: int  # held by this tree, or finished on this instance
+    refused: int  # the deepest checkpoint the policy's admission refused
+    ever_state: int  # the deepest state this tree ever held
+    kept_kv: int  # the deepest state ever held whose KV is still cached
+    lower_tier: int  # the deepest state held in a lower tier (no tiers yet: 0)
+
+
+NOTHING_SEEN = Seen(0, 0, 0, 0, 0, 0, 0, 0)
+
+
+def staircase(reach: int, hit: int, seen: Seen) -> tuple[int, ...]:
+    """The ten levels from `reach` down to `hit` (module docstring), bottom up:
+    each the larger of the level below it and its raw position capped at
+    `reach`. With `hit >= reach` every level below `reach` is `hit`."""
+    if hit >= reach:
+        return (reach,) + (hit,) * 9
+    levels = [hit]
+    for raw in (
+        seen.lower_tier,
+        seen.kept_kv,
+        seen.ever_state,
+        seen.refused,
+        seen.here,
+        seen.elsewhere,
+        seen.ended,
+        seen.session,
+    ):
+        levels.append(max(levels[-1], min(raw, reach)))
+    levels.append(reach)
+    return tuple(reversed(levels))
+
+
+def categories(
+    bound: int, reach: int, hit: int, seen: Seen, tokens: Callable[[int], int]
+) -> dict[str, int]:
+    """Tokens per category for a served request; they add up to
+    `tokens(bound) - tokens(hit)` (`tokens`: prompt tokens of a prefix of so
+    many units, nondecreasing)."""
+    levels = staircase(reach, hit, seen)
+    t = [tokens(u) for u in levels]
+    out = dict.fromkeys(CATEGORIES, 0)
+    out["unreachable"] = tokens(bound) - t[0]
+    if hit >= reach:
+        out["beyond_bound"] = t[0] - tokens(hit)
+        return out
+    names = CATEGORIES[2:11]
+    for name, upper, lower in zip(names, t[:-1], t[1:], strict=True):
+        out[name] = upper - lower
+    return out
+
+
+def dropped(bound_tokens: int) -> dict[str, int]:
+    """A request that was never served: its whole bound."""
+    out = dict.fromkeys(CATEGORIES, 0)
+    out["dropped"] = bound_tokens
+    return out

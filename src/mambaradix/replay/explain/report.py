@@ -1,0 +1,96 @@
+"""`explain`'s outputs: the aggregate table, the JSON and the per-request lines."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import IO, Any
+
+from mambaradix.replay.explain.attribute import CATEGORIES
+from mambaradix.replay.explain.records import Explanation
+from mambaradix.replay.models import ModelProfile
+from mambaradix.replay.trace import Trace
+
+
+def data(
+    trace: Trace, profile: ModelProfile, bound_tokens: int, runs: Sequence[Explanation]
+) -> dict[str, Any]:
+    """Everything but the per-request records, JSON-ready."""
+    prompt = trace.prompt_tokens
+    return {
+        "trace": {
+            "name": trace.name,
+            "requests": len(trace),
+            "prompt_tokens": prompt,
+            "unit_tokens": trace.unit_tokens,
+            "source": trace.source,
+        },
+        "model": {
+            "name": profile.name,
+            "kv_bytes_per_token": profile.kv_bytes_per_token,
+            "state_bytes": profile.state_bytes,
+        },
+        "bound": {"token_hit_rate": bound_tokens / max(1, prompt), "tokens": bound_tokens},
+        "categories": list(CATEGORIES),
+        "results": [e.to_json() for e in runs],
+    }
+
+
+def table(summary: dict[str, Any]) -> str:
+    """One block per run: hit and gap, then the categories that hold tokens,
+    with their share of the gap."""
+    t, b = summary["trace"], summary["bound"]
+    lines = [
+        f"trace {t['name']}: {t['requests']:,} requests, {t['prompt_tokens']:,} prompt tokens; "
+        f"model {summary['model']['name']}; bound (unlimited memory, a state everywhere): "
+        f"{b['token_hit_rate']:.1%} ({b['tokens']:,} tokens)"
+    ]
+    fractions = len({r["state_fraction"] for r in summary["results"]}) > 1
+    for r in summary["results"]:
+        lines += ["", _heading(r, fractions)]
+        gap = r["gap_tokens"]
+        for name in CATEGORIES:
+            tokens = r["categories"][name]
+            if tokens:
+                share = r["share_of_gap"][name]
+                lines.append(f"  {name.replace('_', ' '):<20}{tokens:>14,} {share:>7.1%}")
+        if not gap:
+            lines.append("  no gap: every request hit its bound")
+        if r["evicted"] is not None:
+            lines += _evicted(r["evicted"])
+    return "\n".join(lines)
+
+
+def _heading(r: dict[str, Any], fractions: bool) -> str:
+    where = f"{r['memory_gb']:g} GB"
+    if fractions:
+        where += f" (states {r['state_fraction']:.0%})"
+    if r["instances"] > 1:
+        where += f" x{r['instances']} {r['router']}"
+    prompt = max(1, r["prompt_tokens"])
+    return (
+        f"{where} {r['policy']}: hit {r['hit_tokens'] / prompt:.1%} of prompt tokens; "
+        f"gap to the bound {r['gap_tokens']:,} tokens ({r['gap_tokens'] / prompt:.1%})"
+    )
+
+
+def _evicted(evicted: dict[str, dict[str, int]]) -> list[str]:
+    """Where the run's evictions made room, if any did."""
+    out = []
+    for why, e in evicted.items():
+        kv, states = f"{e['kv_tokens']:,} KV tokens", f"{e['states']:,} states"
+        if why == "kv" and e["kv_tokens"]:
+            out.append(f"  evicted for KV room: {kv} (and {states} with them)")
+        elif why == "states" and e["states"]:
+            out.append(f"  evicted for state room: {states} (and {kv} with them)")
+        elif why == "both" and (e["kv_tokens"] or e["states"]):
+            out.append(f"  evicted for room in the shared budget: {kv}, {states}")
+    return out
+
+
+def write_lines(runs: Iterable[Explanation], out: IO[str]) -> None:
+    """One JSON object per request and run (`Explanation.requests_json`)."""
+    for e in runs:
+        for record in e.requests_json():
+            out.write(json.dumps(record))
+            out.write("\n")
