@@ -159,6 +159,13 @@ def test_categories_add_up_to_the_gap_for_every_policy(policy: str) -> None:
         check_against_replay(trace, policy, c)
 
 
+def test_the_policys_scheduler_hooks_still_run() -> None:
+    """vllm pins its hit blocks in `before_match`: explained, it decides as replayed (the
+    wrapper once dropped the hook, and a state evicted between match and lock crashed)."""
+    trace = load("synthetic-agent")
+    check_against_replay(trace, "vllm", ServingConfig(1.0))
+
+
 def test_categories_add_up_at_page_16() -> None:
     c = replace(POINTS[0], page_size=16, track_interval=64, chunk_tokens=64)
     e = check_against_replay(small_traces()[1], "sglang-extra-buffer", c)
