@@ -427,7 +427,8 @@ def test_kv_evicted() -> None:
             request(2, 0, 10.0, p0 + a0 + ids(5), ids(5)),
         ],
     )
-    e = explain(trace, PROFILE, "sglang-0.5.15.post1", ServingConfig(1.0, kv_units=100, state_slots=12))
+    serving = ServingConfig(1.0, kv_units=100, state_slots=12)
+    e = explain(trace, PROFILE, "sglang-0.5.15.post1", serving)
     assert (e.requests[2].bound_tokens, e.requests[2].hit_tokens) == (50, 0)
     assert only(e, 2) == {"unreachable": 1, "kv_evicted": 49}
     # Every eviction made room for KV: the first request's 49 units (two leaves,
