@@ -17,6 +17,15 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
+def as_from_a_terminal() -> None:
+    """Run in the child before exec: SIGINT, SIGTERM and SIGHUP at their defaults, as
+    a command typed in a terminal has them. A shell's background job (`cmd &`) ignores
+    SIGINT and `nohup` ignores SIGHUP, and an ignored signal stays ignored across exec:
+    without this the test would depend on how the suite itself was started."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def session_processes(sid: int) -> list[int]:
     """Pids of live processes whose session id is `sid` (from /proc)."""
     pids = []
@@ -76,6 +85,7 @@ def test_ctrl_c_stops_a_sweep(
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,  # its own session and process group, like a shell job
+            preexec_fn=as_from_a_terminal,
             env={**os.environ, "PYTHONPATH": str(SRC)},
         )
     try:
