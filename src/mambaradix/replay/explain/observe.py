@@ -103,16 +103,11 @@ class Recorder:
     def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
         self.inner.on_cached(req, node, kind)
 
-    # The scheduler's optional hooks (vLLM's block pins): passed on when the policy has them.
     def before_match(self, req: Request) -> None:
-        hook = getattr(self.inner, "before_match", None)
-        if hook is not None:
-            hook(req)
+        self.inner.before_match(req)
 
     def on_abort(self, req: Request) -> None:
-        hook = getattr(self.inner, "on_abort", None)
-        if hook is not None:
-            hook(req)
+        self.inner.on_abort(req)
 
 
 def path_of(node: TreeNode) -> array[int]:

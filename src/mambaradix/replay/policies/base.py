@@ -151,6 +151,9 @@ class Policy:
     def on_request_done(self) -> None:
         """Called once per finished request (for tuning)."""
 
+    def before_match(self, req: Request) -> None:
+        """Called before a waiting request is looked up."""
+
     def on_abort(self, req: Request) -> None:
         """Called before an admitted request gives everything back unfinished
         (retracted or dropped)."""
