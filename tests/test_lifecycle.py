@@ -196,6 +196,9 @@ class ExplodingForward:
         if self.n == 0:
             raise RuntimeError("injected forward failure")
 
+    def pass_steps(self, n: int) -> None:
+        self.inner.pass_steps(n)
+
     def prefill(self, batch):  # type: ignore[no-untyped-def]
         self._tick()
         return self.inner.prefill(batch)

@@ -398,9 +398,7 @@ class Scheduler:
     def _pass_steps(self, n: int) -> list[int]:
         """Tell the forward that n decode steps passed with no token to compute
         (a virtual clock advances; a real model has nothing to run)."""
-        pass_steps = getattr(self.forward, "pass_steps", None)
-        if pass_steps is not None:
-            pass_steps(n)
+        self.forward.pass_steps(n)
         return []
 
     def _decode_checkpoint(self, seq: Sequence) -> bool:
