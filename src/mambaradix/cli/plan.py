@@ -52,7 +52,8 @@ def add(p: argparse.ArgumentParser) -> None:
     add_serving_arguments(p)
     for action in p._actions:  # argparse has no public way to amend a shared option's help
         if action.dest == "memory":
-            action.help = "GB, e.g. 10,20,40: these points instead of a range from the trace"
+            action.help = "GB, e.g. 10,20,40: the first grid instead of a range from the trace "
+            action.help += "(bisection still refines it)"
         if action.dest == "policy":
             action.help = "comma-separated, of %(known)s (default: sglang-extra-buffer, vllm, "
             action.help += "mambaradix)"

@@ -121,9 +121,10 @@ def search(
     if p.goal.targets:
         bisect_rounds(ev, list(p.ranges), p.goal, resolution)
     ttft = ttft_key(p.goal)
-    rows = list(ev.rows.values())
-    best = recommend(rows, p.goal, ttft)
+    best = recommend(list(ev.rows.values()), p.goal, ttft)
     defaults = _defaults(ev, best, p.trace, p.profile, p.base) if best else {}
+    rows = list(ev.rows.values())  # the defaults' too: configurations like any other
+    best = recommend(rows, p.goal, ttft)  # the same memory; more hits if a default has them
     return {
         "trace": {
             "name": p.trace.name,

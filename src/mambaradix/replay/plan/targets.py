@@ -52,7 +52,7 @@ class Goal:
         """ValueError naming the bound when the hit-rate target is above it."""
         if self.hit_rate is not None and self.hit_rate > bound:
             raise ValueError(
-                f"hit rate target {self.hit_rate:.1%} is above this trace's bound "
+                f"hit_rate {self.hit_rate:.1%} is above this trace's bound "
                 f"{bound:.1%} (unlimited memory, a state at every position): no memory reaches it"
             )
 
