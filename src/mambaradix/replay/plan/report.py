@@ -35,7 +35,7 @@ def table(data: dict[str, Any]) -> str:
         f"trace {data['trace']['name']}: {data['trace']['requests']:,} requests; model "
         f"{data['model']['name']}; bound (unlimited memory, a state everywhere): {bound:.1%}",
         f"goal: {data['goal']['described']}",
-        f"searched: {len(data['ranges'])} settings (policy x state share), device memory "
+        f"searched: {len(data['ranges'])} setting(s) (policy x state share), device memory "
         f"{lo:g}-{hi:g} GB from the trace; {data['replays']} replays in {data['rounds']} rounds",
     ]
     w = max([10] + [len(r["setting"]) for r in data["frontier"]])
