@@ -6,11 +6,12 @@ least memory to the top of its range (`space.py`; the budget instead, when it is
 Phase 2, with targets: per setting, bisection (geometric midpoints) of the bracket
 between its largest memory that misses the targets and its least that meets them, until
 the bracket is within `resolution` (10%: the memory is known to within 10%). Each round
-runs every active setting's midpoint at once. A setting whose bracket starts at or above
-the least memory that meets the targets anywhere can no longer win and stops. This
-assumes a setting meets the targets at every memory above one that does (hit rates and
-TTFTs are monotone-ish in memory); the answer is always a replayed point that meets them,
-at worst not the cheapest.
+runs every active setting's midpoint at once (with fewer active settings than workers,
+several cut points per setting: k-section, so that no worker idles). A setting whose
+bracket starts at or above the least memory that meets the targets anywhere can no
+longer win and stops. This assumes a setting meets the targets at every memory above
+one that does (hit rates and TTFTs are monotone-ish in memory); the answer is always a
+replayed point that meets them, at worst not the cheapest.
 
 Work shared across points: the trace is parsed and hashed once and handed to forked
 workers (`forked.run_forked`), and no point is replayed twice (`Evaluator.rows`).
@@ -141,19 +142,25 @@ def bisect_rounds(
     resolution: float,
     on_round: Callable[[int], None] | None = None,
 ) -> None:
-    """Phase 2 (see the module docstring)."""
+    """Phase 2 (see the module docstring). With fewer active settings than workers,
+    each bracket is cut at several points per round (k-section) so no worker idles."""
     while True:
         brackets = {s: _bracket(ev, s, goal) for s in settings}
         best = min((b for _, b in brackets.values() if b is not None), default=None)
+        active = {
+            s: (a, b)
+            for s, (a, b) in brackets.items()
+            if a is not None
+            and b is not None
+            and b > a * (1 + resolution)
+            and (best is None or a < best)  # else it cannot beat the best found
+        }
+        cuts = max(1, ev.workers // max(1, len(active)))
         mids: list[Point] = []
-        for s, (a, b) in brackets.items():
-            if a is None or b is None or b <= a * (1 + resolution):
-                continue
-            if best is not None and a >= best:  # cannot beat the best found
-                continue
-            mid = round_up_gb(math.sqrt(a * b))
-            if a < mid < b:
-                mids.append((s, mid))
+        for s, (a, b) in active.items():
+            assert a is not None and b is not None
+            inner = {round_up_gb(a * (b / a) ** (i / (cuts + 1))) for i in range(1, cuts + 1)}
+            mids += [(s, m) for m in sorted(inner) if a < m < b]
         if not mids:
             return
         if on_round is not None:
