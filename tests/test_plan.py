@@ -240,3 +240,19 @@ def test_cli_json_to_stdout_budget(
     within = [r for r in data["points"] if r["memory_gb"] <= 2 and not r["dropped"]]
     assert best["token_hit_rate"] == max(r["token_hit_rate"] for r in within)
     assert max(r["memory_gb"] for r in data["points"]) == 2
+
+
+def test_unmet_target_exits_1_and_still_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_file: Path
+) -> None:
+    """A TTFT no configuration reaches (a tenth of a millisecond: below one decode step):
+    exit 1, the JSON written with no recommendation, the closest points said."""
+    out = tmp_path / "p.json"
+    rc = main(["plan", "--trace", str(tiny_file), "--target-ttft-p95", "0.0001", "--policy",
+               "mambaradix", "--state-fraction", "0.5", "--grid-points", "2", "--workers", "1",
+               "--json", str(out), "--no-plot", "--no-progress"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert json.loads(out.read_text())["recommended"] is None
+    assert "no configuration searched meets the goal" in captured.out
+    assert "least TTFT" in captured.out

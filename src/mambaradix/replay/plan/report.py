@@ -47,6 +47,7 @@ def table(data: dict[str, Any]) -> str:
     lines.append("")
     if best is None:
         lines.append(f"no configuration searched meets the goal ({data['goal']['described']})")
+        lines += _closest(data["frontier"], ttft)
         return "\n".join(lines)
     lines.append(
         f"recommended: {best['setting']} at {best['memory_gb']:g} GB of device memory: "
@@ -57,6 +58,21 @@ def table(data: dict[str, Any]) -> str:
         said = _said(d, ttft) if d["runs"] else f"does not run: {d['why']}"
         lines.append(f"  {name}'s default ({d['setting']}) at {best['memory_gb']:g} GB: {said}")
     return "\n".join(lines)
+
+
+def _closest(frontier: list[dict[str, Any]], ttft: str) -> list[str]:
+    """The frontier's best hit rate and best TTFT: how far the goal is."""
+    if not frontier:
+        return ["  (every configuration searched dropped requests)"]
+    hits = max(frontier, key=lambda r: r["token_hit_rate"])
+    out = [f"  most token hits: {hits['setting']} at {hits['memory_gb']:g} GB: {_said(hits, ttft)}"]
+    timed = [r for r in frontier if r[ttft] is not None]
+    if timed:
+        fast = min(timed, key=lambda r: r[ttft])
+        out.append(
+            f"  least TTFT: {fast['setting']} at {fast['memory_gb']:g} GB: {_said(fast, ttft)}"
+        )
+    return out
 
 
 def plot(data: dict[str, Any], path: str | BinaryIO) -> None:
