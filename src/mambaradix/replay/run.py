@@ -138,6 +138,7 @@ def summarize(models: Sequence[ServingModel], policy: str, cfg: ServingConfig) -
         "request_hit_rate": sum(1 for o in outs if o.hit_tokens) / max(1, requests),
         "kv_hit_tokens": sum(o.kv_hit_tokens for o in outs),
         "flops_saved": sum(o.flops_saved for o in outs),
+        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
         "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
         "ttft_p95_s": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else None,
         "retractions": sum(o.retractions for o in outs),

@@ -1,0 +1,129 @@
+"""The planner's answer as text and as a plot (memory vs token hit rate, every point
+replayed, the frontier, the recommendation, the target and the bound)."""
+
+from __future__ import annotations
+
+from typing import Any, BinaryIO
+
+__all__ = ["plot", "table"]
+
+
+def _ttft(x: float | None) -> str:
+    return f"{'-':>9}" if x is None else f"{x:>8.3f}s"
+
+
+def _row(r: dict[str, Any], bound: float, ttft: str, w: int) -> str:
+    share = r["token_hit_rate"] / bound if bound else 0.0
+    return (
+        f"{r['memory_gb']:>8g}GB {r['setting']:<{w}} {r['token_hit_rate']:>8.1%} "
+        f"{share:>8.1%} {_ttft(r[ttft])}"
+    )
+
+
+def _said(r: dict[str, Any], ttft: str) -> str:
+    t = "-" if r[ttft] is None else f"{r[ttft]:.3f} s"
+    label = "mean TTFT" if ttft == "ttft_mean_s" else "p95 TTFT"
+    return f"{r['token_hit_rate']:.1%} token hits, {label} {t}"
+
+
+def table(data: dict[str, Any]) -> str:
+    bound = data["bound"]["token_hit_rate"]
+    ttft = data["ttft"]
+    lo = min(r["least_gb"] for r in data["ranges"])
+    hi = max(r["top_gb"] for r in data["ranges"])
+    lines = [
+        f"trace {data['trace']['name']}: {data['trace']['requests']:,} requests; model "
+        f"{data['model']['name']}; bound (unlimited memory, a state everywhere): {bound:.1%}",
+        f"goal: {data['goal']['described']}",
+        f"searched: {len(data['ranges'])} setting(s) (policy x state share), device memory "
+        f"{lo:g}-{hi:g} GB from the trace; {data['replays']} replays in {data['rounds']} rounds",
+    ]
+    w = max([10] + [len(r["setting"]) for r in data["frontier"]])
+    what = "mean" if ttft == "ttft_mean_s" else "p95"
+    head = f"{'memory':>10} {'setting':<{w}} {'tok hit':>8} {'of bound':>8} {'TTFT ' + what:>9}"
+    lines += ["", "Pareto frontier (less memory, more token hits, less TTFT):", head]
+    lines += ["-" * len(head)] + [_row(r, bound, ttft, w) for r in data["frontier"]]
+    best = data["recommended"]
+    lines.append("")
+    if best is None:
+        lines.append(f"no configuration searched meets the goal ({data['goal']['described']})")
+        lines += _closest(data["frontier"], ttft)
+        return "\n".join(lines)
+    lines.append(
+        f"recommended: {best['setting']} at {best['memory_gb']:g} GB of device memory: "
+        f"{_said(best, ttft)}"
+    )
+    for engine, d in data["defaults"].items():
+        name = "SGLang" if engine == "sglang" else "vLLM"
+        said = _said(d, ttft) if d["runs"] else f"does not run: {d['why']}"
+        lines.append(f"  {name}'s default ({d['setting']}) at {best['memory_gb']:g} GB: {said}")
+    return "\n".join(lines)
+
+
+def _closest(frontier: list[dict[str, Any]], ttft: str) -> list[str]:
+    """The frontier's best hit rate and best TTFT: how far the goal is."""
+    if not frontier:
+        return ["  (every configuration searched dropped requests)"]
+    hits = max(frontier, key=lambda r: r["token_hit_rate"])
+    out = [f"  most token hits: {hits['setting']} at {hits['memory_gb']:g} GB: {_said(hits, ttft)}"]
+    timed = [r for r in frontier if r[ttft] is not None]
+    if timed:
+        fast = min(timed, key=lambda r: r[ttft])
+        out.append(
+            f"  least TTFT: {fast['setting']} at {fast['memory_gb']:g} GB: {_said(fast, ttft)}"
+        )
+    return out
+
+
+def plot(data: dict[str, Any], path: str | BinaryIO) -> None:
+    """Token hit rate against device memory (log), one series per setting, the frontier
+    in black, the recommendation starred. PNG on a binary stream."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for label in dict.fromkeys(r["setting"] for r in data["points"]):
+        rows = [r for r in data["points"] if r["setting"] == label]
+        ax.plot(
+            [r["memory_gb"] for r in rows],
+            [r["token_hit_rate"] for r in rows],
+            marker="o",
+            markersize=3,
+            linewidth=1,
+            label=label,
+        )
+    front = data["frontier"]
+    ax.plot(
+        [r["memory_gb"] for r in front],
+        [r["token_hit_rate"] for r in front],
+        "ks",
+        markerfacecolor="none",
+        markersize=8,
+        label="Pareto frontier (with TTFT)",
+    )
+    ax.axhline(data["bound"]["token_hit_rate"], color="black", linestyle="--", label="bound")
+    if data["goal"]["hit_rate"] is not None:
+        ax.axhline(data["goal"]["hit_rate"], color="red", linestyle=":", label="target")
+    if (best := data["recommended"]) is not None:
+        ax.scatter(
+            [best["memory_gb"]],
+            [best["token_hit_rate"]],
+            marker="*",
+            s=250,
+            color="red",
+            zorder=5,
+            label="recommended",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("device memory (GB, KV + states)")
+    ax.set_ylabel("token hit rate")
+    ax.set_ylim(0, min(1.0, data["bound"]["token_hit_rate"] * 1.15 + 0.02))
+    ax.set_title(f"plan: {data['trace']['name']} on {data['model']['name']}")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, format=None if isinstance(path, str) else "png")
+    plt.close(fig)
