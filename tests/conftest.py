@@ -20,13 +20,17 @@ from hypothesis import HealthCheck, settings
 NEEDS_TORCH = [
     "test_api_validation.py",
     "test_differential.py",
+    "test_differential_sglang_0523.py",
     "test_engine.py",
     "test_engine_batched.py",
     "test_engine_deterministic.py",
     "test_engine_vs_replay.py",
     "test_lifecycle_differential.py",
+    "test_lifecycle_differential_sglang_0523.py",
     "test_lifecycle_torch.py",
     "test_pools.py",
+    "test_tiers_engine.py",
+    "test_tiers_host.py",
     "test_upstream_harness.py",
 ]
 # ... and in files that run without it, the tests that reach torch or transformers skip.
