@@ -309,7 +309,7 @@ class ServingModel:
         if not self.cfg.tiered:
             return None
         rules = self.policy.tier_rules(self.profile)
-        return TieredCache(
+        tiered = TieredCache(
             self.cache,
             self.profile,
             self.cfg,
@@ -318,6 +318,8 @@ class ServingModel:
             self.kv_unit_bytes,
             self.state_bytes,
         )
+        tiered.adopt = getattr(self.policy, "adopt_loaded", None)
+        return tiered
 
     def _budget_bytes(self, budget: int) -> int:
         """The memory in bytes; with exact pool sizes, what they take."""

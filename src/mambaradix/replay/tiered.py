@@ -209,6 +209,7 @@ class TieredCache:
         self.tracker = TierTracker(self.tiers, kv_unit_bytes, state_bytes, rules)
         cache.tree.add_listener(self.tracker)
         self.loads: dict[Request, Load] = {}
+        self.adopt: Any = None  # the policy's `adopt_loaded`, when it keeps block books
 
     # ------------------------------------------------------------------ lookup
 
@@ -320,6 +321,9 @@ class TieredCache:
             cache.kv.free(result.freed_kv)
         if result.state_existed:
             cache.slots.free([slot])
+        if self.adopt is not None:  # a policy with its own block books (vLLM's)
+            kept = None if result.state_existed else slot
+            self.adopt(key, start, array("q", kv), set(result.freed_kv), kept)
         self._touch(key, choice.depth)
         seconds = self.load_seconds(load)
         stats = self.tiers.stats
