@@ -319,6 +319,7 @@ class ServingModel:
             self.state_bytes,
         )
         tiered.adopt = getattr(self.policy, "adopt_loaded", None)
+        tiered.pool = getattr(self.policy, "pool", None)
         return tiered
 
     def _budget_bytes(self, budget: int) -> int:

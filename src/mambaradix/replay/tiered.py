@@ -210,6 +210,7 @@ class TieredCache:
         cache.tree.add_listener(self.tracker)
         self.loads: dict[Request, Load] = {}
         self.adopt: Any = None  # the policy's `adopt_loaded`, when it keeps block books
+        self.pool: Any = None  # the policy's block pool, when it keeps one
 
     # ------------------------------------------------------------------ lookup
 
@@ -364,8 +365,15 @@ class TieredCache:
         return load.tier, max(0, min(cached_units, load.depth) - load.start), load.seconds
 
     def check(self) -> None:
+        """The tiers' bytes, and the device's own books: the lifecycle's conservation, or
+        the block pool's for a policy that keeps one (vLLM's: its cached blocks are not
+        the lifecycle's)."""
         self.tiers.check()
-        self.cache.check_conservation()
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.check()
+        else:
+            self.cache.check_conservation()
 
     def break_even_tokens(self) -> dict[str, int | None]:
         """`tiers.cost.break_even` of this model on this run's links and prefill rate."""
