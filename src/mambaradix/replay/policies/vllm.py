@@ -296,6 +296,16 @@ class VLLM(Policy):
         """Kept states the tree already held (vLLM would hold two copies)."""
         return self.blocks.duplicate_states
 
+    def adopt_loaded(
+        self, tokens: array[int], start: int, kv: array[int], freed: set[int], slot: int | None
+    ) -> None:
+        """Blocks a lower-tier load put in the tree from unit `start` on (`kv`, less the
+        indices the tree had already, `freed`) join vLLM's books as cached blocks."""
+        b = self.block
+        pages = [int(kv[i]) // b for i in range(0, len(kv), b) if int(kv[i]) not in freed]
+        first = start // b + (len(kv) // b - len(pages))
+        self.blocks.adopt(tokens, pages, first, slot)
+
     def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
         """The lifecycle found too little memory: the pool already popped every cached
         block it could (allocations pop as they go), so there is nothing to evict."""
@@ -313,16 +323,6 @@ class VLLMOffload(VLLM):
     def __init__(self) -> None:
         super().__init__()
         self.name = "vllm-offload"
-
-    def adopt_loaded(
-        self, tokens: array[int], start: int, kv: array[int], freed: set[int], slot: int | None
-    ) -> None:
-        """Blocks a lower-tier load put in the tree from unit `start` on (`kv`, less the
-        indices the tree had already, `freed`) join vLLM's books as cached blocks."""
-        b = self.block
-        pages = [int(kv[i]) // b for i in range(0, len(kv), b) if int(kv[i]) not in freed]
-        first = start // b + (len(kv) // b - len(pages))
-        self.blocks.adopt(tokens, pages, first, slot)
 
     def tier_rules(self, profile: ModelProfile) -> TierRules:
         groups = self.slots.groups if self.slots is not None else 1
