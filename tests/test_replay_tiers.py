@@ -164,9 +164,7 @@ def test_invariants_after_every_step(seed: int, policy: str) -> None:
     rng = random.Random(seed)
     trace = random_trace(rng, 40)
     loads = []
-    cfg = ServingConfig(
-        memory_gb=0.8, host_gb=1.0, store_gb=2.0, host_gbps=1e4, host_latency_us=0
-    )
+    cfg = ServingConfig(memory_gb=0.8, host_gb=1.0, store_gb=2.0, host_gbps=1e4, host_latency_us=0)
     m = ServingModel(trace, PROFILE, make_policy(policy), cfg)
     tiered = m.tiered
     original = tiered.usable

@@ -158,7 +158,9 @@ def add_tier_arguments(p: argparse.ArgumentParser) -> None:
         help="host <-> device GB/s (default: PCIe Gen5 x16, one way)",
     )
     p.add_argument(
-        "--host-latency-us", type=at_least_0, default=t.DEFAULT_HOST_LATENCY_US,
+        "--host-latency-us",
+        type=at_least_0,
+        default=t.DEFAULT_HOST_LATENCY_US,
         help="host <-> device microseconds per load",
     )
     p.add_argument(
@@ -168,7 +170,9 @@ def add_tier_arguments(p: argparse.ArgumentParser) -> None:
         help="store -> host GB/s (default: an NVMe Gen5 SSD's sequential read)",
     )
     p.add_argument(
-        "--store-latency-us", type=at_least_0, default=t.DEFAULT_STORE_LATENCY_US,
+        "--store-latency-us",
+        type=at_least_0,
+        default=t.DEFAULT_STORE_LATENCY_US,
         help="store -> host microseconds per load",
     )
 

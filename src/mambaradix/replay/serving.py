@@ -470,7 +470,9 @@ class ServingModel:
                 out.store_hit_tokens = tokens
         self._ended.append((seq.id, self.outcomes[-1]))
 
-    def _lower_hit(self, tr: TraceRequest, seq: Sequence, hit: int) -> tuple[str, int, float] | None:
+    def _lower_hit(
+        self, tr: TraceRequest, seq: Sequence, hit: int
+    ) -> tuple[str, int, float] | None:
         """(tier, hit tokens loaded from it, load seconds) when the tiers served it."""
         if self.tiered is None:
             return None

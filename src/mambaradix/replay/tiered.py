@@ -378,11 +378,18 @@ class TieredCache:
     def break_even_tokens(self) -> dict[str, int | None]:
         """`tiers.cost.break_even` of this model on this run's links and prefill rate."""
         p = self.profile
-        cost = HitCost(p.name, self.state_bytes, p.kv_bytes_per_token,
-                       p.linear_flops_per_token, p.attn_flops_per_pair)
+        cost = HitCost(
+            p.name,
+            self.state_bytes,
+            p.kv_bytes_per_token,
+            p.linear_flops_per_token,
+            p.attn_flops_per_pair,
+        )
         rate = Prefill("replay", self.cfg.prefill_flops_per_s, 1.0, "ServingConfig")
-        return {HOST: break_even(cost, self.host_path, rate),
-                STORE: break_even(cost, self.store_path, rate)}
+        return {
+            HOST: break_even(cost, self.host_path, rate),
+            STORE: break_even(cost, self.store_path, rate),
+        }
 
 
 class TierHooks:

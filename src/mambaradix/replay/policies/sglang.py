@@ -14,9 +14,9 @@ changed between the two.
 
 from __future__ import annotations
 
-from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_0_5_23
 from typing import TYPE_CHECKING
 
+from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_0_5_23
 from mambaradix.replay.policies.base import Policy
 from mambaradix.replay.tier_rules import SGLANG_HICACHE, TierRules
 
