@@ -12,7 +12,7 @@ import pytest
 from mambaradix.replay.models import get_profile
 from mambaradix.replay.policies import DefaultPolicy, make_policy
 from mambaradix.replay.run import replay
-from mambaradix.replay.serving import ServingConfig, ServingModel
+from mambaradix.replay.serving import Outcome, ServingConfig, ServingModel
 from mambaradix.replay.tier_lru import ByteLRU
 from mambaradix.replay.tier_rules import DEEPEST, TierRules
 from mambaradix.replay.trace import Trace, TraceRequest
@@ -48,7 +48,7 @@ def hand_run(policy: object = None, **tiers: float) -> ServingModel:
     return m
 
 
-def by_request(m: ServingModel) -> dict[int, object]:
+def by_request(m: ServingModel) -> dict[int, Outcome]:
     return {o.request: o for o in m.outcomes}
 
 
