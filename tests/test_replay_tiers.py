@@ -199,3 +199,26 @@ def test_vllm_rows_give_every_loaded_block_back(policy: str) -> None:
     assert sum(m.tiered.tiers.stats.loads.values()) > 100  # the tiers served
     assert not p.pool.held and not m.dropped
     p.pool.check()
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--host-gb", "-1"], "argument --host-gb: must be >= 0"),
+        (["--store-gb", "lots"], "argument --store-gb: expected a number"),
+        (["--host-gbps", "0"], "argument --host-gbps: must be > 0"),
+        (["--host-tier", "2"], "unrecognized arguments: --host-tier 2"),
+    ],
+)
+def test_cli_bad_tier_option_is_one_line(
+    args: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mambaradix.cli import main
+
+    try:
+        code = main(["replay", "--no-plot", "--limit", "5", *args])
+    except SystemExit as e:
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert named in err[-1]
