@@ -37,6 +37,10 @@ def check_serving_config(cfg: ServingConfig) -> None:
     if cfg.kv_units is not None:
         as_positive(cfg.kv_units, "kv_units")
         as_positive(cfg.state_slots, "state_slots")
+    for name in ("host_gb", "store_gb", "host_latency_us", "store_latency_us"):
+        as_real(getattr(cfg, name), name, low=0)
+    for name in ("host_gbps", "store_gbps"):
+        as_real(getattr(cfg, name), name, low=0, low_open=True)
 
 
 def check_inputs(trace: Trace, profile: ModelProfile, cfg: ServingConfig) -> None:
