@@ -41,6 +41,7 @@ from mambaradix.replay.tier_rules import (
     TierRules,
     load_tiers,
 )
+from mambaradix.scheduler import CheckpointPolicy
 from mambaradix.tiers.cost import HitCost, Prefill, break_even
 
 if TYPE_CHECKING:
@@ -396,7 +397,7 @@ class TierHooks:
     """The row's policy as the scheduler sees it, plus the tiers' `before_match` (the
     policy's own, when it has one, runs after the load, on the restored tree)."""
 
-    def __init__(self, inner: Any, tiered: TieredCache) -> None:
+    def __init__(self, inner: CheckpointPolicy, tiered: TieredCache) -> None:
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "tiered", tiered)
 
@@ -408,6 +409,4 @@ class TierHooks:
 
     def before_match(self, req: Request) -> None:
         self.tiered.before_match(req)
-        hook = getattr(self.inner, "before_match", None)
-        if hook is not None:
-            hook(req)
+        self.inner.before_match(req)
