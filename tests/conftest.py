@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, settings
 # is for 3.11), the files that import it are not collected; everything else runs.
 NEEDS_TORCH = [
     "test_api_validation.py",
+    "test_checkpoint_hooks.py",
     "test_differential.py",
     "test_differential_sglang_0523.py",
     "test_engine.py",
