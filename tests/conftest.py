@@ -32,6 +32,7 @@ NEEDS_TORCH = [
     "test_pools.py",
     "test_tiers_engine.py",
     "test_tiers_host.py",
+    "test_tiers_upstream.py",
     "test_upstream_harness.py",
 ]
 # ... and in files that run without it, the tests that reach torch or transformers skip.
@@ -40,6 +41,7 @@ NEEDS_ENGINE = (
     "test_geometry.py::test_engine_",
     "test_geometry.py::test_transformers_",
     "test_readme.py::test_readme_python_blocks_run",
+    "test_readme.py::test_python_blocks_run[docs/tiers-data-path.md",
 )
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 collect_ignore = [] if HAS_TORCH else NEEDS_TORCH
