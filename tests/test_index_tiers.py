@@ -14,7 +14,11 @@ indexer fed `dump()` answers the same.
 
 from __future__ import annotations
 
+import http.client
+import json
 import random
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,6 +27,7 @@ from mambaradix.events import AllBlocksCleared, BlockRemoved, BlockStored
 from mambaradix.events.model import DEVICE, DISK, HOST, MEDIA
 from mambaradix.events.wire import decode_batch, encode_batch
 from mambaradix.index import Indexer, Overlap, TierOverlap
+from mambaradix.index.server import IndexServer
 
 B = 2
 RANK = {DEVICE: 0, HOST: 1, DISK: 2}
@@ -222,3 +227,157 @@ def test_per_tier_answers_equal_a_brute_force_recomputation(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(4, 40))
 def test_per_tier_answers_equal_a_brute_force_recomputation_more_seeds(seed: int) -> None:
     run(seed, 400)
+
+
+# ---------------------------------------------------------------- by hand
+
+PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # four full blocks and a token: states up to 8 count
+
+
+def kv(hashes: list[int], parent: int | None, tokens: list[int], medium: str) -> BlockStored:
+    return BlockStored(tuple(hashes), parent, tokens, B, medium=medium)
+
+
+def state(h: int, medium: str) -> BlockStored:
+    return BlockStored((h,), None, [0, 0], B, 1, "mamba", medium)
+
+
+def test_each_tier_adds_what_it_holds() -> None:
+    """Blocks 1-2 on the device with a state at 4; blocks 1-4 on the host; a state at 8
+    on disk. By hand: the device reuses 4; the host matches 8 but its deepest state is
+    still at 4; disk reuses 8, loading blocks 3-4 (4 tokens) from the host."""
+    ix = Indexer(B)
+    ix.apply(0, [kv([1, 2], None, PROMPT[:4], DEVICE), state(2, DEVICE)])
+    ix.apply(0, [kv([1, 2, 3, 4], None, PROMPT[:8], HOST), state(4, DISK)])
+    got = ix.query_tiers(PROMPT)[0]
+    assert got[DEVICE] == TierOverlap(4, 4, 0, {}, DEVICE)
+    assert got[HOST] == TierOverlap(8, 4, 4, {}, DEVICE)
+    assert got[DISK] == TierOverlap(8, 8, 0, {HOST: 4}, DISK)
+    assert ix.query(PROMPT)[0] == Overlap(4, 4, 0)  # the device alone, as before
+
+
+def test_kv_on_the_device_and_the_state_on_the_host_is_usable_with_a_load() -> None:
+    ix = Indexer(B)
+    ix.apply(0, [kv([1, 2, 3, 4], None, PROMPT[:8], DEVICE), state(3, HOST)])
+    got = ix.query_tiers(PROMPT)[0]
+    assert got[DEVICE] == TierOverlap(8, 0, 8, {}, None)
+    assert got[HOST] == TierOverlap(8, 6, 2, {}, HOST)
+    ix.apply(0, [BlockRemoved((3,), 1, HOST)])  # the host state goes
+    assert ix.query_tiers(PROMPT)[0][HOST] == TierOverlap(8, 0, 8, {}, None)
+
+
+def test_a_block_evicted_from_the_device_is_still_usable_from_the_host() -> None:
+    ix = Indexer(B)
+    ix.apply(0, [kv([1, 2], None, PROMPT[:4], DEVICE), state(2, DEVICE)])
+    ix.apply(0, [kv([1, 2], None, PROMPT[:4], HOST), state(2, HOST)])  # demoted copies
+    ix.apply(0, [BlockRemoved((2,), 1, DEVICE), BlockRemoved((2, 1), 0, DEVICE)])
+    got = ix.query_tiers(PROMPT)[0]
+    assert got[DEVICE] == TierOverlap(0, 0, 0, {}, None)
+    assert got[HOST] == TierOverlap(4, 4, 0, {HOST: 4}, HOST)
+    assert ix.worker_info(0)["blocks"] == 0
+    ix.apply(0, [BlockRemoved((2,), 0, HOST)])  # block 2 leaves the host: its state too
+    assert ix.query_tiers(PROMPT)[0][DISK] == TierOverlap(2, 0, 2, {}, None)
+    ix.check_invariants()
+
+
+def test_placeholders_name_blocks_known_on_another_tier() -> None:
+    """vLLM's offload connector may store blocks by hash alone (block_size 0)."""
+    ix = Indexer(B)
+    ix.apply(0, [kv([1, 2], None, PROMPT[:4], DEVICE)])
+    ix.apply(0, [BlockStored((1, 2, 99), None, [], 0, medium=DISK)])  # 99: never seen
+    ix.apply(0, [BlockRemoved((1, 2), 0, DEVICE)])
+    assert ix.query_tiers(PROMPT, [DISK])[0][DISK] == TierOverlap(4, 0, 4, {}, None)
+    assert ix.worker_info(0)["media"] == {DISK: {"kv": 3}}  # 99 counted, not placed
+    ix.apply(0, [state(2, DISK)])
+    assert ix.query_tiers(PROMPT, [DISK])[0][DISK] == TierOverlap(4, 4, 0, {DISK: 4}, DISK)
+
+
+def test_attention_only_workers_and_the_media_argument() -> None:
+    ix = Indexer(B, hybrid=False)
+    ix.apply(0, [kv([1], None, PROMPT[:2], DEVICE), kv([2], 1, PROMPT[2:4], DISK)])
+    assert ix.query_tiers(PROMPT, [DISK, DEVICE]) == {
+        0: {DISK: TierOverlap(4, 4, 0, {DISK: 2}, None), DEVICE: TierOverlap(2, 2, 0, {}, None)}
+    }
+    for bad in ([], "host", ["gpu"], [HOST, 3], None, {"host": 1}):
+        with pytest.raises(ValueError, match="media"):
+            ix.query_tiers(PROMPT, bad)
+    with pytest.raises(TypeError, match="token_ids"):
+        ix.query_tiers({1, 2})
+
+
+def test_unknown_media_are_counted_not_placed() -> None:
+    ix = Indexer(B)
+    ix.apply(0, [kv([1], None, PROMPT[:2], "TAPE"), BlockRemoved((1,), 0, "TAPE")])
+    assert ix.worker_info(0)["skipped"] == {"medium TAPE": 2}
+    assert all(o.longest_matched == 0 for o in ix.query_tiers(PROMPT)[0].values())
+
+
+# ---------------------------------------------------------------- over HTTP
+
+
+@pytest.fixture(scope="module")
+def address() -> Iterator[tuple[str, int]]:
+    ix = Indexer(B)
+    ix.apply(1, [kv([1, 2, 3, 4], None, PROMPT[:8], DEVICE), state(3, HOST)])
+    srv = IndexServer(("127.0.0.1", 0), ix, threading.Lock(), read_timeout_s=2.0)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    yield "127.0.0.1", srv.server_port
+    srv.shutdown()
+    thread.join(5)
+    srv.server_close()
+
+
+def post(address: tuple[str, int], body: dict[str, Any]) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection(*address, timeout=10)
+    try:
+        data = json.dumps(body).encode()
+        conn.request("POST", "/query", data, {"Content-Length": str(len(data))})
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        conn.close()
+
+
+def test_http_tiers_are_asked_for_and_the_plain_answer_is_unchanged(
+    address: tuple[str, int],
+) -> None:
+    plain = {"longest_matched": 8, "gpu": 8, "usable": 0, "tail_recompute": 8}
+    assert post(address, {"token_ids": PROMPT})[1]["instances"]["1"] == plain
+    assert post(address, {"token_ids": PROMPT, "tiers": False})[1]["instances"]["1"] == plain
+    status, body = post(address, {"token_ids": PROMPT, "tiers": True})
+    assert status == 200
+    device = {"longest_matched": 8, "usable": 0, "tail_recompute": 8, "load": {}}
+    host = {"longest_matched": 8, "usable": 6, "tail_recompute": 2, "load": {}}
+    assert body["instances"]["1"] == {
+        **plain,
+        "cpu": 8,
+        "disk": 8,
+        "tiers": {
+            "device": {**device, "state_medium": None},
+            "host": {**host, "state_medium": "host"},
+            "disk": {**host, "state_medium": "host"},
+        },
+    }
+    status, body = post(address, {"token_ids": PROMPT, "tiers": ["host"]})
+    assert body["instances"]["1"]["tiers"] == {"host": {**host, "state_medium": "host"}}
+    assert body["instances"]["1"]["cpu"] == 8 and "disk" not in body["instances"]["1"]
+
+
+@pytest.mark.parametrize(
+    ("tiers", "message"),
+    [
+        ("host", "tiers must be true, false or a list of media; got string"),
+        (1, "tiers must be true, false or a list of media; got number"),
+        ({"host": True}, "got object"),
+        ([], "tiers: media must be a non-empty list"),
+        (["GPU"], "tiers: media must name tiers from device, host, disk; got 'GPU'"),
+        (["host", None], "got None"),
+    ],
+)
+def test_http_a_malformed_tiers_field_is_a_400(
+    address: tuple[str, int], tiers: Any, message: str
+) -> None:
+    status, body = post(address, {"token_ids": PROMPT, "tiers": tiers})
+    assert status == 400 and message in body["error"]
+    assert post(address, {"token_ids": PROMPT})[0] == 200  # still serving
