@@ -381,3 +381,17 @@ def test_http_a_malformed_tiers_field_is_a_400(
     status, body = post(address, {"token_ids": PROMPT, "tiers": tiers})
     assert status == 400 and message in body["error"]
     assert post(address, {"token_ids": PROMPT})[0] == 200  # still serving
+
+
+def test_a_lookahead_cut_applies_on_every_tier() -> None:
+    """vLLM 0.33 with EAGLE: a block hashed with the tokens after it is reused only where
+    the prompt goes on with them; a copy on a lower tier keeps its hash, so its cut too.
+    By hand: block [3, 4] was hashed with lookahead [5]; the prompt goes on with 9."""
+    ix = Indexer(B)
+    ahead = BlockStored((1, 2), None, [1, 2, 3, 4], B, lookahead=((3,), (5,)))
+    ix.apply(0, [ahead, kv([1, 2], None, [1, 2, 3, 4], HOST), kv([3], 2, [5, 0], HOST)])
+    got = ix.query_tiers([1, 2, 3, 4, 9, 9, 9])[0]
+    assert got[DEVICE].longest_matched == got[HOST].longest_matched == 2
+    got = ix.query_tiers([1, 2, 3, 4, 5, 0, 0])[0]
+    assert (got[DEVICE].longest_matched, got[HOST].longest_matched) == (4, 6)
+    assert ix.query([1, 2, 3, 4, 9, 9, 9])[0].longest_matched == 2

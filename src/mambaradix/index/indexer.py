@@ -245,6 +245,64 @@ class Overlap:
     tail_recompute: int
 
 
+class _TierWalk:
+    """One walk down the prompt's blocks answering every tier up to `top` at once, as
+    `query` does for the device: per tier t, the workers whose run of blocks held on t
+    or a faster tier goes on (`active[t]`), where each stopped (`matched[t]`), its
+    deepest state on t or faster within `cap` (`state_end[t]`); per worker, the blocks
+    of its run that are not on the device (`off`: depth after the block, fastest tier)."""
+
+    def __init__(self, workers: set[int], top: int) -> None:
+        self.top = top
+        self.active = [set(workers) for _ in range(top + 1)]
+        self.matched = [dict.fromkeys(workers, 0) for _ in range(top + 1)]
+        self.state_end = [dict.fromkeys(workers, 0) for _ in range(top + 1)]
+        self.off: dict[int, list[tuple[int, int]]] = {}
+        self.path: list[_Block] = []
+        self.depth = 0
+
+    def step(self, child: _Block, size: int, cap: int) -> bool:
+        """Go down to `child` (False: no worker holds it on any tier asked for)."""
+        low, top = child.low, self.top
+        if low is None:
+            layers: list[AbstractSet[int]] = [child.kv] * (top + 1)
+        else:
+            host = child.kv | low.kv[HOST]
+            layers = [child.kv, host, host | low.kv[DISK]]
+        going = False
+        for t in range(top + 1):
+            active = self.active[t]
+            if active and not active <= layers[t]:
+                held = active & layers[t]
+                for w in active - held:
+                    self.matched[t][w] = self.depth
+                self.active[t] = active = held
+            going = going or bool(active)
+        if not going:
+            return False
+        self.depth += size
+        self.path.append(child)
+        if low is not None:
+            for w in self.active[top] - child.kv:
+                rank = 1 if w in low.kv[HOST] else 2
+                self.off.setdefault(w, []).append((self.depth, rank))
+        if self.depth <= cap:
+            states: list[AbstractSet[int]] = [child.states] * (top + 1)
+            if low is not None:
+                host = set(child.states) | low.states[HOST]
+                states = [child.states, host, host | low.states[DISK]]
+            for t in range(top + 1):
+                if states[t]:
+                    for w in states[t] & self.active[t]:
+                        self.state_end[t][w] = self.depth
+        return True
+
+    def end(self) -> None:
+        for t in range(self.top + 1):
+            for w in self.active[t]:
+                self.matched[t][w] = self.depth
+
+
 @dataclass(frozen=True, slots=True)
 class TierOverlap:
     """One worker's answer for one tier T, counting what it holds on T and every faster
@@ -260,7 +318,8 @@ class TierOverlap:
 
 
 class Indexer:
-    """Feed events per worker with `apply` (in order); ask with `query`."""
+    """Feed events per worker with `apply` (in order); ask with `query` (the device) or
+    `query_tiers` (per tier)."""
 
     def __init__(self, block_size: int, hybrid: bool = True) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -673,47 +732,40 @@ class Indexer:
         tokens = _prompt(token_ids)
         size = self.block_size
         cap = (len(tokens) - 1) // size * size if tokens else 0
+        top = max(_RANK[m] for m in tiers)
+        walk = _TierWalk(set(self._workers), top)
         data, step, node = tokens.tobytes(), 8 * size, self._root
-        path: list[_Block] = []  # the prompt's blocks in the trie (held by some worker)
         for k in range(len(tokens) // size):
             child = node.children.get(data[k * step : (k + 1) * step])
-            if child is None:
+            if child is None or not walk.step(child, size, cap):
                 break
-            path.append(child)
             node = child
-        return {wid: self._tiers_of(w, path, data, cap, tiers) for wid, w in self._workers.items()}
-
-    def _tiers_of(
-        self, w: _Worker, path: list[_Block], data: bytes, cap: int, tiers: tuple[str, ...]
-    ) -> dict[str, TierOverlap]:
-        size, wid = self.block_size, w.id
-        kv_rank: list[int] = []  # per block of the path: the fastest tier holding its KV
-        for node in path:
-            r = node.rank_kv(wid)
-            if r == _ABSENT:
-                break
-            kv_rank.append(r)
-        out = {}
-        for medium in tiers:
-            t = _RANK[medium]
-            n = 0
-            while n < len(kv_rank) and kv_rank[n] <= t:
-                n += 1
-            matched = n * size
-            if w.ahead.at and matched:
-                matched = self._cut_matched(w, path, data, matched)
-            k = min(matched, cap) // size
-            if w.hybrid:
-                while k and path[k - 1].rank_state(wid) > t:
-                    k -= 1
-            load: dict[str, int] = {}
-            for r in kv_rank[:k]:
-                if r:
-                    load[MEDIA[r]] = load.get(MEDIA[r], 0) + size
-            state_medium = MEDIA[path[k - 1].rank_state(wid)] if w.hybrid and k else None
-            usable = k * size
-            out[medium] = TierOverlap(matched, usable, matched - usable, load, state_medium)
+        walk.end()
+        out: dict[int, dict[str, TierOverlap]] = {}
+        for wid, w in self._workers.items():
+            out[wid] = {m: self._tier_answer(w, walk, data, cap, _RANK[m]) for m in tiers}
         return out
+
+    def _tier_answer(
+        self, w: _Worker, walk: _TierWalk, data: bytes, cap: int, t: int
+    ) -> TierOverlap:
+        size, wid, path = self.block_size, w.id, walk.path
+        matched, state = walk.matched[t][wid], walk.state_end[t][wid]
+        if w.ahead.at and matched:
+            matched = self._cut_matched(w, path, data, matched)
+            state = min(matched, cap) // size * size
+            while state and path[state // size - 1].rank_state(wid) > t:
+                state -= size
+        usable = state if w.hybrid else min(matched, cap)
+        load: dict[str, int] = {}
+        for depth, rank in walk.off.get(wid, ()):
+            if depth > usable:
+                break
+            load[MEDIA[rank]] = load.get(MEDIA[rank], 0) + size
+        state_medium = None
+        if w.hybrid and usable:
+            state_medium = MEDIA[path[usable // size - 1].rank_state(wid)]
+        return TierOverlap(matched, usable, matched - usable, load, state_medium)
 
     def _overlap(self, worker_id: int, matched: int, state_end: int, cap: int) -> Overlap:
         usable = state_end if self._workers[worker_id].hybrid else min(matched, cap)
