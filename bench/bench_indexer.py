@@ -1,7 +1,7 @@
 """The indexer's speed: events applied per second, and query time for a 16k-token prompt.
 
     .venv/bin/python bench/bench_indexer.py [--workers 4 --ops 20000 --block-size 16 --json F]
-        [--against OLD_INDEXER_PY]
+        [--against FILE_OR_GIT_REV --rounds 9]
 
 Event streams: the serving-like workload of `workload.py` (tenants' system prompts,
 multi-turn sessions, eviction under a KV / state budget; matches and locks dropped) is
@@ -19,8 +19,8 @@ replayed into one `MambaRadixCache` per worker, each with its own seed, with an
   of the repeats), and on a prompt that shares only the first 8,192 tokens;
 * `query_tiers`: the same prompt, answered per tier (device, host, disk), with every
   worker's blocks copied to the host and its states to disk;
-* `--against FILE`: another `indexer.py` (e.g. `git show main:src/mambaradix/index/
-  indexer.py > /tmp/old.py`) timed beside this one in the same process, alternating,
+* `--against FILE_OR_REV`: another `indexer.py` (a file, or the one of a git revision)
+  timed beside this one in the same process, alternating,
   `--rounds` (9), the least CPU time of each: in-process `apply`, `feed (vLLM 0.33.0)` and `query`.
 """
 
@@ -33,7 +33,9 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from array import array
 from pathlib import Path
@@ -135,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=300, help="queries timed")
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--against", type=Path, default=None, help="another indexer.py, side by side")
+    ap.add_argument(
+        "--against", default=None, help="another indexer.py (a file or a git revision) beside this"
+    )
     ap.add_argument("--rounds", type=int, default=9, help="alternating rounds for --against")
     args = ap.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
@@ -186,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     rows["query_tiers_16k_us"] = tiered
     print(f"query_tiers, the same prompt, blocks also on host, states on disk: {tiered:,.0f} µs")
     if args.against:
-        rows["against"] = against(args.against, streams, block, args.repeats, args.rounds)
+        other = indexer_source(args.against)
+        rows["against"] = against(other, streams, block, args.repeats, args.rounds)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
@@ -200,6 +205,20 @@ def lower_tiers(ix: Indexer, block: int) -> None:
         states = [h for e in events if e.group == 1 for h in e.block_hashes]
         ix.apply(w, [BlockStored(tuple(kv), None, [], 0, medium=HOST)])
         ix.apply(w, [BlockStored(tuple(states), None, [], 0, 1, "mamba", DISK)])
+
+
+def indexer_source(spec: str) -> Path:
+    """`spec` if it is a file, else the indexer.py of git revision `spec`, in a temp file."""
+    if Path(spec).is_file():
+        return Path(spec)
+    root = Path(__file__).resolve().parents[1]
+    show = ["git", "-C", str(root), "show", f"{spec}:src/mambaradix/index/indexer.py"]
+    done = subprocess.run(show, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"--against: {spec!r} is neither a file nor a git revision")
+    out = Path(tempfile.mkdtemp()) / f"indexer_{spec}.py"
+    out.write_text(done.stdout)
+    return out
 
 
 def against(
