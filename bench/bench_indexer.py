@@ -21,7 +21,7 @@ replayed into one `MambaRadixCache` per worker, each with its own seed, with an
   worker's blocks copied to the host and its states to disk;
 * `--against FILE_OR_REV`: another `indexer.py` (a file, or the one of a git revision)
   timed beside this one in the same process, alternating,
-  `--rounds` (9), the least CPU time of each: in-process `apply`, `feed (vLLM 0.33.0)` and `query`.
+  `--rounds` (9), CPU time, least and median: in-process `apply`, `feed (vLLM 0.33.0)` and `query`.
 """
 
 from __future__ import annotations
@@ -224,20 +224,22 @@ def indexer_source(spec: str) -> Path:
 def against(
     path: Path, streams: dict[int, list[list[Event]]], block: int, repeats: int, rounds: int
 ) -> Any:
-    """This indexer and the one in `path`, side by side: the least CPU time of `rounds`
-    alternating rounds of each measure (CPU time: other processes on a shared machine
-    inflate wall time), and this one's time over the other's."""
+    """This indexer and the one in `path`, side by side, `rounds` alternating rounds
+    (each first half the time; CPU time, garbage collection off: other processes on a
+    shared machine inflate wall time): this one's time over the other's, least and
+    median."""
     spec = importlib.util.spec_from_file_location("other_indexer", path)
     assert spec is not None and spec.loader is not None
     other = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = other  # dataclasses look their module up
     spec.loader.exec_module(other)
     payloads = {w: [encode_batch(b, "vllm-0.33.0") for b in bs] for w, bs in streams.items()}
-    best: dict[tuple[str, str], float] = {}
+    times: dict[tuple[str, str], list[float]] = {}
     cpu = time.process_time
     gc.disable()  # a collection would land on whichever indexer happens to be timed
-    for _ in range(rounds):
-        for name, cls in (("this", Indexer), ("other", other.Indexer)):
+    pair = [("this", Indexer), ("other", other.Indexer)]
+    for r in range(rounds):
+        for name, cls in pair if r % 2 else pair[::-1]:  # each goes first half the time
             gc.collect()
             ix, prompt = query_setup(block, cls=cls)
             t0 = cpu()
@@ -249,15 +251,17 @@ def against(
                 ("feed_vllm-0.33.0", time_feed(payloads, block, cls, cpu)),
                 ("query_16k", queries),
             ):
-                best[(measure, name)] = min(best.get((measure, name), s), s)
+                times.setdefault((measure, name), []).append(s)
     gc.enable()
     out = {}
     for measure in ("apply", "feed_vllm-0.33.0", "query_16k"):
-        this, that = best[(measure, "this")], best[(measure, "other")]
-        out[measure] = {"this_s": this, "other_s": that, "ratio": this / that}
+        this, that = times[(measure, "this")], times[(measure, "other")]
+        least = min(this) / min(that)
+        middle = statistics.median(this) / statistics.median(that)
+        out[measure] = {"this_s": this, "other_s": that, "least": least, "median": middle}
         print(
-            f"against {path.name}: {measure:18s} {this / that:.3f}x the time ({this:.4f} s "
-            f"vs {that:.4f} s)"
+            f"against {path.name}: {measure:18s} {least:.3f}x the time (least), "
+            f"{middle:.3f}x (median) of {rounds} rounds"
         )
     return out
 
