@@ -263,39 +263,46 @@ class _TierWalk:
 
     def step(self, child: _Block, size: int, cap: int) -> bool:
         """Go down to `child` (False: no worker holds it on any tier asked for)."""
-        low, top = child.low, self.top
+        low, kv, actives, depth = child.low, child.kv, self.active, self.depth
+        layers: list[AbstractSet[int]]
         if low is None:
-            layers: list[AbstractSet[int]] = [child.kv] * (top + 1)
+            layers = [kv] * len(actives)
         else:
-            host = child.kv | low.kv[HOST]
-            layers = [child.kv, host, host | low.kv[DISK]]
+            host = kv | low.kv[HOST]
+            layers = [kv, host, host | low.kv[DISK]]
         going = False
-        for t in range(top + 1):
-            active = self.active[t]
+        for t, active in enumerate(actives):
             if active and not active <= layers[t]:
                 held = active & layers[t]
+                matched = self.matched[t]
                 for w in active - held:
-                    self.matched[t][w] = self.depth
-                self.active[t] = active = held
+                    matched[w] = depth
+                actives[t] = active = held
             going = going or bool(active)
         if not going:
             return False
-        self.depth += size
+        self.depth = depth = depth + size
         self.path.append(child)
-        if low is not None:
-            for w in self.active[top] - child.kv:
+        if low is None:
+            if child.states and depth <= cap:
+                self._states([child.states] * len(actives))
+            return True
+        top = actives[-1]
+        if not top <= kv:
+            for w in top - kv:
                 rank = 1 if w in low.kv[HOST] else 2
-                self.off.setdefault(w, []).append((self.depth, rank))
-        if self.depth <= cap:
-            states: list[AbstractSet[int]] = [child.states] * (top + 1)
-            if low is not None:
-                host = set(child.states) | low.states[HOST]
-                states = [child.states, host, host | low.states[DISK]]
-            for t in range(top + 1):
-                if states[t]:
-                    for w in states[t] & self.active[t]:
-                        self.state_end[t][w] = self.depth
+                self.off.setdefault(w, []).append((depth, rank))
+        if depth <= cap and (child.states or low.states[HOST] or low.states[DISK]):
+            host = set(child.states) | low.states[HOST]
+            self._states([child.states, host, host | low.states[DISK]])
         return True
+
+    def _states(self, states: list[AbstractSet[int]]) -> None:
+        """Workers still matched at tier t with a state here on t or faster (by tier)."""
+        for t, active in enumerate(self.active):
+            if states[t] and active:
+                for w in states[t] & active:
+                    self.state_end[t][w] = self.depth
 
     def end(self) -> None:
         for t in range(self.top + 1):
@@ -734,10 +741,10 @@ class Indexer:
         cap = (len(tokens) - 1) // size * size if tokens else 0
         top = max(_RANK[m] for m in tiers)
         walk = _TierWalk(set(self._workers), top)
-        data, step, node = tokens.tobytes(), 8 * size, self._root
+        data, step, node, go = tokens.tobytes(), 8 * size, self._root, walk.step
         for k in range(len(tokens) // size):
             child = node.children.get(data[k * step : (k + 1) * step])
-            if child is None or not walk.step(child, size, cap):
+            if child is None or not go(child, size, cap):
                 break
             node = child
         walk.end()
