@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         f"worker 0: {answer}), {half:,.0f} µs (8,192 shared)"
     )
     lower_tiers(ix, block)
-    tiered = time_query(ix, prompt + [1], max(args.repeats // 10, 3), tiers=True)
+    tiered = time_query(ix, prompt + [1], args.repeats, tiers=True)
     rows["query_tiers_16k_us"] = tiered
     print(f"query_tiers, the same prompt, blocks also on host, states on disk: {tiered:,.0f} µs")
     if args.against:
