@@ -38,18 +38,14 @@ class FileStore(BlobStore):
     """`Store` in a local (or shared POSIX) directory; see the module docstring."""
 
     def __init__(
-        self,
-        root: str | os.PathLike[str],
-        namespace: Namespace,
-        *,
+        self, root: str | os.PathLike[str], namespace: Namespace, *,
         capacity_bytes: int | None = None,
     ) -> None:
         super().__init__(namespace)
         if not isinstance(root, (str, os.PathLike)):
             raise TypeError(f"root must be a path, got {type(root).__name__}")
         if capacity_bytes is not None and (
-            isinstance(capacity_bytes, bool)
-            or not isinstance(capacity_bytes, int)
+            isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int)
             or capacity_bytes < 0
         ):
             raise ValueError(f"capacity_bytes must be None or an int >= 0, got {capacity_bytes!r}")

@@ -188,7 +188,6 @@ def layout_tag(parts: Mapping[str, tuple[str, tuple[int, ...]]]) -> str:
     ``layout_tag({"conv": ("bfloat16", (4, 8192)), "ssm": ("float32", (64, 128, 16))})``.
     Objects written with another layout get other names, so they miss instead of decoding
     into the wrong shapes."""
-    spec = sorted(
-        (name, str(dtype), tuple(int(d) for d in shape)) for name, (dtype, shape) in parts.items()
-    )
+    spec = sorted((name, str(dtype), tuple(int(d) for d in shape)) for name, (dtype, shape) in
+                  parts.items())
     return "l" + hashlib.sha256(repr(spec).encode()).hexdigest()[:12]

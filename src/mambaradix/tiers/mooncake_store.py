@@ -36,30 +36,20 @@ class MooncakeStore(BlobStore):
     at `metadata_server` (an ``http://.../metadata`` URL), this client at `local_hostname`."""
 
     def __init__(
-        self,
-        namespace: Namespace,
-        *,
-        local_hostname: str,
-        metadata_server: str,
-        master_server_address: str,
-        global_segment_size: int = 256 << 20,
-        local_buffer_size: int = 128 << 20,
-        protocol: str = "tcp",
-        device_name: str = "",
+        self, namespace: Namespace, *, local_hostname: str, metadata_server: str,
+        master_server_address: str, global_segment_size: int = 256 << 20,
+        local_buffer_size: int = 128 << 20, protocol: str = "tcp", device_name: str = "",
         connect_timeout_s: float = 5.0,
     ) -> None:
         super().__init__(namespace)
-        for name, size, low in (
-            ("global_segment_size", global_segment_size, 0),
-            ("local_buffer_size", local_buffer_size, 1),
-        ):
+        for name, size, low in (("global_segment_size", global_segment_size, 0),
+                                ("local_buffer_size", local_buffer_size, 1)):
             if isinstance(size, bool) or not isinstance(size, int) or size < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {size!r}")
         host, _, port = master_server_address.rpartition(":")
         if not host or not port.isdigit():
-            raise ValueError(
-                f"master_server_address must be host:port, got {master_server_address!r}"
-            )
+            raise ValueError(f"master_server_address must be host:port, got "
+                             f"{master_server_address!r}")
         try:
             from mooncake.store import MooncakeDistributedStore
         except ImportError as e:
@@ -73,13 +63,8 @@ class MooncakeStore(BlobStore):
             raise StoreUnavailable(f"{self._where} unreachable: {e}") from None
         self._store: Any = MooncakeDistributedStore()
         rc = self._store.setup(
-            local_hostname,
-            metadata_server,
-            global_segment_size,
-            local_buffer_size,
-            protocol,
-            device_name,
-            master_server_address,
+            local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol,
+            device_name, master_server_address,
         )
         if rc != 0:
             raise StoreUnavailable(f"{self._where}: setup returned {rc}")

@@ -27,9 +27,8 @@ def open_store(spec: str, namespace: Namespace, **options: Any) -> Store:
         db = url.path.strip("/") or "0"
         if not url.hostname or not db.isdigit():
             raise ValueError(f"spec must look like redis://HOST:PORT[/DB], got {spec!r}")
-        return RedisStore(
-            namespace, host=url.hostname, port=url.port or 6379, db=int(db), **options
-        )
+        return RedisStore(namespace, host=url.hostname, port=url.port or 6379, db=int(db),
+                          **options)
     if scheme == "mooncake":
         from mambaradix.tiers.mooncake_store import MooncakeStore
 
@@ -39,13 +38,9 @@ def open_store(spec: str, namespace: Namespace, **options: Any) -> Store:
             raise ValueError(
                 f"spec must look like mooncake://HOST:PORT?local=ADDR&metadata=URL, got {spec!r}"
             )
-        return MooncakeStore(
-            namespace,
-            local_hostname=query["local"],
-            metadata_server=query["metadata"],
-            master_server_address=url.netloc,
-            **options,
-        )
+        return MooncakeStore(namespace, local_hostname=query["local"],
+                             metadata_server=query["metadata"],
+                             master_server_address=url.netloc, **options)
     if scheme not in ("", "file"):
         raise ValueError(f"spec: unknown store scheme {scheme!r} (file:, redis://, mooncake://)")
     from mambaradix.tiers.file_store import FileStore

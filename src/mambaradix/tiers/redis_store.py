@@ -21,12 +21,7 @@ class RedisStore(BlobStore):
     """`Store` on a Redis server at `host`:`port` (database `db`)."""
 
     def __init__(
-        self,
-        namespace: Namespace,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 6379,
-        db: int = 0,
+        self, namespace: Namespace, *, host: str = "127.0.0.1", port: int = 6379, db: int = 0,
         timeout_s: float = 5.0,
     ) -> None:
         super().__init__(namespace)
@@ -45,12 +40,8 @@ class RedisStore(BlobStore):
         self._errors = redis.exceptions
         self._where = f"redis store at {host}:{port}/{db}"
         self._client: Any = redis.Redis(  # fail within timeout_s: no retries
-            host=host,
-            port=port,
-            db=db,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
+            host=host, port=port, db=db, socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
         )
         self._call(self._client.ping)
 
