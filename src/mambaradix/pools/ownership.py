@@ -1,0 +1,130 @@
+"""`SlotOwners`: one byte per KV slot saying who holds it, for the KV allocators.
+
+    byte:  1 FREE      in the pool                 (alloc -> REQUEST)
+           0 REQUEST   the caller's (a request's)  (free -> FREE, the tree's claim -> TREE)
+           2 TREE      the radix tree's            (the tree's release -> REQUEST)
+
+FREE = 1 and REQUEST = 0 are the `FreeStack` flags of a token allocator, so there the map is
+the free list's own; a paged allocator keeps one beside its page flags. The tree asks
+through `core.ownership.KVOwner` (`claim`, `release`), which the allocators implement
+with this class: an insert may hand the tree only indices a request holds, once each.
+
+Speed: as `FreeStack`, short batches go through C-level `map` over the bytearray, long
+ones (>= VECTOR_MIN) through numpy views of it; a run of consecutive indices is checked
+and marked as one slice.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from collections.abc import Callable
+from itertools import repeat
+
+import numpy as np
+import numpy.typing as npt
+
+from mambaradix.pools._checks import VECTOR_MIN
+
+FREE, REQUEST, TREE = 1, 0, 2
+_TREE_BYTE = bytes((TREE,))
+
+Repeats = Callable[[npt.NDArray[np.int64]], "int | None"]
+
+
+class RepeatFinder:
+    """`FreeStack._first_repeat` for ids 0..size-1 of a map without a free stack of its own."""
+
+    __slots__ = ("size", "_scratch")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._scratch: npt.NDArray[np.int64] | None = None  # made on first use
+
+    def __call__(self, v: npt.NDArray[np.int64]) -> int | None:
+        if self._scratch is None:
+            self._scratch = np.empty(self.size, dtype=np.int64)
+        pos = np.arange(v.size, dtype=np.int64)
+        self._scratch[v] = pos
+        bad = np.flatnonzero(self._scratch[v] != pos)
+        return int(v[bad[0]]) if bad.size else None
+
+
+class SlotOwners:
+    """The KV side of `KVOwner` over `owners` (one byte per slot, see the module
+    docstring). `first_repeat(v)`: an id repeated in `v` (all in range) or None."""
+
+    __slots__ = ("owners", "_first_repeat")
+
+    def __init__(self, owners: bytearray, first_repeat: Repeats) -> None:
+        self.owners = owners
+        self._first_repeat = first_repeat
+
+    def claim(self, values: array[int], start: int, keep: int) -> bool:
+        n = len(values) - start
+        if n <= 0:
+            return True
+        if n < VECTOR_MIN:
+            return self._claim_short(values, start, keep)
+        return self._claim_long(values, start, keep)
+
+    def _claim_short(self, values: array[int], start: int, keep: int) -> bool:
+        owners = self.owners
+        part = values[start:] if start else values
+        if min(part) < 0 or max(part) >= len(owners):
+            return False
+        if any(map(owners.__getitem__, part)) or len(set(part)) != len(part):
+            return False  # not all REQUEST (0), or one index twice
+        kept = values[keep:] if keep else values
+        deque(map(owners.__setitem__, kept, repeat(TREE, len(kept))), maxlen=0)
+        return True
+
+    def _claim_long(self, values: array[int], start: int, keep: int) -> bool:
+        v = np.frombuffer(values, dtype=np.int64)[start:]
+        lo, hi = int(v[0]), int(v[-1])
+        view = np.frombuffer(self.owners, dtype=np.uint8)
+        if hi - lo + 1 == len(v) and lo >= 0 and hi < len(view) and (np.diff(v) == 1).all():
+            if view[lo : hi + 1].any():  # one run: a slice
+                return False
+            view[lo + keep - start : hi + 1] = TREE
+            return True
+        if int(v.min()) < 0 or int(v.max()) >= len(view) or view[v].any():
+            return False
+        if self._first_repeat(v) is not None:
+            return False
+        view[v[keep - start :]] = TREE
+        return True
+
+    def release(self, values: array[int]) -> None:
+        if len(values) < VECTOR_MIN:
+            owners = self.owners
+            deque(map(owners.__setitem__, values, repeat(REQUEST, len(values))), maxlen=0)
+            return
+        v = np.frombuffer(values, dtype=np.int64)
+        lo, hi = int(v[0]), int(v[-1])
+        view = np.frombuffer(self.owners, dtype=np.uint8)
+        if hi - lo + 1 == len(v) and (np.diff(v) == 1).all():
+            view[lo : hi + 1] = REQUEST
+        else:
+            view[v] = REQUEST
+
+    def held_by_tree(self, index: int) -> bool:
+        return 0 <= index < len(self.owners) and self.owners[index] == TREE
+
+    def refusal(self, index: int) -> str | None:
+        if index >= len(self.owners):
+            return f"is outside the KV pool [0, {len(self.owners)})"
+        if self.owners[index] == FREE:
+            return "is free in the KV pool: insert only indices a request holds (alloc them)"
+        return None
+
+    def tree_indices(self) -> set[int]:
+        view = np.frombuffer(self.owners, dtype=np.uint8)
+        return {int(i) for i in np.flatnonzero(view == TREE)}
+
+    def first_tree_held(self, lo: int, hi: int) -> int:
+        """The first slot in [lo, hi) the tree holds, or -1."""
+        return self.owners.find(_TREE_BYTE, lo, hi)
+
+
+__all__ = ["FREE", "REQUEST", "TREE", "RepeatFinder", "SlotOwners"]
