@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mambaradix import MambaRadixCache
 from mambaradix.pools import PagedKVAllocator, TokenKVAllocator
+from mambaradix.pools.ownership import is_run
 
 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
     MACHINE_SETTINGS = settings(max_examples=50, stateful_step_count=30, deadline=None)
@@ -107,6 +108,39 @@ def test_tree_on_a_pool_refuses_free_indices() -> None:
         cache.attach_kv_owner(TokenKVAllocator(64))
     kv.free(cache.reset().freed_kv)  # reset hands everything back
     assert kv.available_size() == 64
+
+
+def test_is_run_hand_cases() -> None:
+    """Runs across the template's 65536 blocks and byte carries, against range()."""
+    for lo in (0, 5, 65536 - 3, 3 * 65536 + 7, 2**24 - 2, 2**32 - 4, 2**48 - 2, 2**62):
+        for n in (1, 2, 7, 70000):
+            run = list(range(lo, lo + n))
+            assert is_run(q(run), lo)
+            assert not is_run(q(run), lo + 1)
+            if n > 1:
+                for at in (0, n // 2, n - 1):
+                    bad = run.copy()
+                    bad[at] += 2**40 if at % 2 else -1
+                    assert not is_run(q(bad), lo), (lo, n, at)
+    assert is_run(q([]), 3)
+
+
+def test_pool_long_claims_of_near_runs() -> None:
+    """Long claims that look like runs (right ends) but are not: the general path."""
+    kv = TokenKVAllocator(70_000)
+    got = kv.alloc(70_000)
+    assert got is not None
+    swapped = list(range(100, 200))
+    swapped[10], swapped[11] = swapped[11], swapped[10]  # same set, not a run
+    assert kv.claim(q(swapped), 0, 0) and kv.tree_indices() == set(range(100, 200))
+    repeated = list(range(300, 400))
+    repeated[50] = 301  # right ends, a repeat inside
+    assert not kv.claim(q(repeated), 0, 0)
+    assert kv.claim(q(range(65_000, 67_000)), 0, 1_000)  # across a 65536 block
+    assert kv.tree_indices() == set(range(100, 200)) | set(range(66_000, 67_000))
+    assert not kv.claim(q(range(66_500, 66_600)), 0, 0)  # held by the tree
+    kv.release(q(swapped))
+    assert kv.tree_indices() == set(range(66_000, 67_000))
 
 
 # ------------------------------------------------- a tree on a pool vs sets
