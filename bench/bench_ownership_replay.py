@@ -12,6 +12,9 @@ alternating two trees:
 
 Prints each run's replay wall time (the `replay_s` the replay itself reports) and, per trace
 and policy, the median of on/off over repeats. Hit rates must be identical (checked).
+On a shared machine the wall-time ratio is noisy; `--inside` adds, per trace and policy, one
+more run with the check's own calls timed (`claim` and `release` of the owner, or of the
+tree's `HeldKV` before issue 19): their share of that run's replay time.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
+from time import perf_counter_ns
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -69,6 +73,41 @@ def check_off() -> Iterator[None]:
         setattr(cls, name, saved)
 
 
+class Inside:
+    """Times every call of the check (claim, release) while installed."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self.calls = 0
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        try:
+            from mambaradix.pools.ownership import SlotOwners as cls
+        except ImportError:  # before issue 19
+            from mambaradix.core.held import HeldKV as cls  # type: ignore[import-not-found,no-redef]
+        saved = {name: getattr(cls, name) for name in ("claim", "release")}
+
+        def timed(method: Any) -> Any:
+            def call(*args: Any) -> Any:
+                t0 = perf_counter_ns()
+                try:
+                    return method(*args)
+                finally:
+                    self.ns += perf_counter_ns() - t0
+                    self.calls += 1
+
+            return call
+
+        for name, method in saved.items():
+            setattr(cls, name, timed(method))
+        try:
+            yield
+        finally:
+            for name, method in saved.items():
+                setattr(cls, name, method)
+
+
 def run_once(trace: Any, policy: str, cfg: ServingConfig, on: bool) -> dict[str, Any]:
     gc.collect()
     profile = get_profile("nemotron-h-8b")
@@ -86,13 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory", type=float, default=20.0, help="GB")
     ap.add_argument("--traces", default=",".join(TRACES))
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--inside", action="store_true", help="also time the check's own calls")
     args = ap.parse_args(argv)
     cfg = ServingConfig(memory_gb=args.memory)
     for name in args.traces.split(","):
         trace = load(name)
         for policy in args.policies.split(","):
             run_once(trace, policy, cfg, True)  # warm-up
-            ratios, times = [], {True: [], False: []}
+            ratios: list[float] = []
+            times: dict[bool, list[float]] = {True: [], False: []}
             for rep in range(args.repeats):
                 got = {}
                 for on in (True, False) if rep % 2 == 0 else (False, True):
@@ -107,6 +148,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})",
                 flush=True,
             )
+            if args.inside:
+                inside = Inside()
+                with inside.installed():
+                    wall = run_once(trace, policy, cfg, True)["replay_s"]
+                print(
+                    f"{'':>34}inside the check: {inside.ns / 1e9:.3f} s of {wall:.2f} s "
+                    f"({100 * inside.ns / 1e9 / wall:.1f}%), {inside.calls:,} calls",
+                    flush=True,
+                )
     return 0
 
 
