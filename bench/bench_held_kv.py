@@ -68,12 +68,12 @@ def export_src(rev: str, into: Path) -> Path:
 
 def with_pool(cls: Any) -> Any:
     """`cls` attached to a stand-in pool's owner map (see the docstring)."""
-    from mambaradix.pools.ownership import RepeatFinder, SlotOwners
+    from mambaradix.pools.ownership import SlotOwners
 
     class Pooled(cls):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.attach_kv_owner(SlotOwners(bytearray(SLOTS), RepeatFinder(SLOTS)))
+            self.attach_kv_owner(SlotOwners(bytearray(SLOTS)))
 
     return Pooled
 

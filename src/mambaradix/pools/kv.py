@@ -34,7 +34,7 @@ from mambaradix.pools._checks import (
     check_in_range,
 )
 from mambaradix.pools._freelist import FreeStack
-from mambaradix.pools.ownership import FREE, REQUEST, TREE, RepeatFinder, SlotOwners
+from mambaradix.pools.ownership import FREE, REQUEST, TREE, SlotOwners
 
 __all__ = ["PagedKVAllocator", "TokenKVAllocator"]
 
@@ -76,7 +76,7 @@ class TokenKVAllocator(_OwnerMethods):
     def __init__(self, size: int) -> None:
         self._free = FreeStack(as_positive(size, "size"), "index")
         # The free list's flags are the owner map (FREE = 1, REQUEST = 0, TREE = 2).
-        self._owners = SlotOwners(self._free._flags, self._free._first_repeat)
+        self._owners = SlotOwners(self._free._flags)
 
     @property
     def capacity(self) -> int:
@@ -134,7 +134,7 @@ class PagedKVAllocator(_OwnerMethods):
             raise ValueError(f"size ({size}) must be a multiple of page_size ({page_size})")
         self._page_size = page_size
         self._pages = FreeStack(size // page_size, "page")
-        self._owners = SlotOwners(bytearray((FREE,)) * size, RepeatFinder(size))
+        self._owners = SlotOwners(bytearray((FREE,)) * size)
         self._fills = {v: bytearray((v,)) * page_size for v in (FREE, REQUEST)}
 
     @property

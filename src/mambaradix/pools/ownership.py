@@ -20,11 +20,9 @@ from __future__ import annotations
 import sys
 from array import array
 from collections import deque
-from collections.abc import Callable
 from itertools import repeat
 
 import numpy as np
-import numpy.typing as npt
 
 from mambaradix.pools._checks import VECTOR_MIN
 
@@ -73,36 +71,14 @@ def is_run(values: array[int], lo: int) -> bool:
     return True
 
 
-Repeats = Callable[[npt.NDArray[np.int64]], "int | None"]
-
-
-class RepeatFinder:
-    """`FreeStack._first_repeat` for ids 0..size-1 of a map without a free stack of its own."""
-
-    __slots__ = ("size", "_scratch")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._scratch: npt.NDArray[np.int64] | None = None  # made on first use
-
-    def __call__(self, v: npt.NDArray[np.int64]) -> int | None:
-        if self._scratch is None:
-            self._scratch = np.empty(self.size, dtype=np.int64)
-        pos = np.arange(v.size, dtype=np.int64)
-        self._scratch[v] = pos
-        bad = np.flatnonzero(self._scratch[v] != pos)
-        return int(v[bad[0]]) if bad.size else None
-
-
 class SlotOwners:
     """The KV side of `KVOwner` over `owners` (one byte per slot, see the module
-    docstring). `first_repeat(v)`: an id repeated in `v` (all in range) or None."""
+    docstring)."""
 
-    __slots__ = ("owners", "_first_repeat")
+    __slots__ = ("owners",)
 
-    def __init__(self, owners: bytearray, first_repeat: Repeats) -> None:
+    def __init__(self, owners: bytearray) -> None:
         self.owners = owners
-        self._first_repeat = first_repeat
 
     def claim(self, values: array[int], start: int, keep: int) -> bool:
         n = len(values) - start
@@ -135,9 +111,10 @@ class SlotOwners:
                 return True
         v = np.frombuffer(values, dtype=np.int64)[start:]
         view = np.frombuffer(owners, dtype=np.uint8)
-        if int(v.min()) < 0 or int(v.max()) >= len(view) or view[v].any():
+        ordered = np.sort(v)  # its ends bound it, repeats sit side by side (no scratch)
+        if ordered[0] < 0 or ordered[-1] >= len(view) or view[ordered].any():
             return False
-        if self._first_repeat(v) is not None:
+        if (ordered[1:] == ordered[:-1]).any():
             return False
         view[v[keep - start :]] = TREE
         return True
@@ -169,4 +146,4 @@ class SlotOwners:
         return self.owners.find(_TREE_BYTE, lo, hi)
 
 
-__all__ = ["FREE", "REQUEST", "TREE", "RepeatFinder", "SlotOwners"]
+__all__ = ["FREE", "REQUEST", "TREE", "SlotOwners", "is_run"]
