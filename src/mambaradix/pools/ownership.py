@@ -123,9 +123,13 @@ class SlotOwners:
         if len(values) < VECTOR_MIN:
             owners = self.owners
             deque(map(owners.__setitem__, values, repeat(REQUEST, len(values))), maxlen=0)
-        else:
-            view = np.frombuffer(self.owners, dtype=np.uint8)
-            view[np.frombuffer(values, dtype=np.int64)] = REQUEST
+            return
+        lo, n = values[0], len(values)
+        if lo >= 0 and lo + n <= _RUNS_MAX and values[-1] == lo + n - 1 and is_run(values, lo):
+            self.owners[lo : lo + n] = bytes(n)  # one run, proven by a memcmp: one slice
+            return
+        view = np.frombuffer(self.owners, dtype=np.uint8)
+        view[np.frombuffer(values, dtype=np.int64)] = REQUEST
 
     def held_by_tree(self, index: int) -> bool:
         return 0 <= index < len(self.owners) and self.owners[index] == TREE
