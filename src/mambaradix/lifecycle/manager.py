@@ -132,6 +132,7 @@ class CacheManager:
         page_checkpoints: bool = False,
     ) -> None:
         _check_setup(tree, kv, strategy, track_slots, page_checkpoints)
+        _attach_kv_owner(tree, kv)
         self.rules = _rules(tree.compat, sglang_rules)  # an SGLang release, or None: ours
         self.tree, self.kv, self.slots, self.states, self.rows = tree, kv, slots, states, rows
         self.strategy = strategy
@@ -445,22 +446,23 @@ class CacheManager:
         self._free_kv(r.freed_kv)
         if r.state_existed:
             self.slots.free([donated])
-        node, indices = self._checkpoint_node(key, req)
-        self.rows.write(req.row, req.prefix_len, indices[req.prefix_len :])
+        node = self._checkpoint_node(r.node)
+        self.rows.write(req.row, req.prefix_len, self.tree.path_kv(node, req.prefix_len))
         new_lock = self.tree.inc_lock_ref(node)
         self.tree.dec_lock_ref(req.lock)
-        req.lock, req.node, req.prefix_len = new_lock, node, len(indices)
+        req.lock, req.node, req.prefix_len = new_lock, node, cache_len
         req.last_track_len = None
         return None if r.state_existed else node
 
-    def _checkpoint_node(self, key: array[int], req: Request) -> tuple[TreeNode, array[int]]:
-        """The node a checkpoint's lock moves to, and the tree's KV indices up to
-        it: SGLang 0.5.15.post1 (and ours) match the key again, refreshing it;
-        0.5.23 takes the node its insert ended on, refreshing nothing."""
-        again = self.rules == SGLANG_0_5_15 or self.rules is None
-        m = self.tree.match_prefix(key, req.extra_key, read_only=not again)
-        assert m.prefix_len == len(key)  # the key's end holds a state now
-        return m.node, m.kv_indices
+    def _checkpoint_node(self, node: TreeNode | None) -> TreeNode:
+        """The node a checkpoint's lock moves to: the one its insert ended on (it holds
+        the key's state now). SGLang 0.5.15.post1 (and ours) match the key again,
+        refreshing its path: `touch` does the same without the walk; 0.5.23 takes the
+        node, refreshing nothing."""
+        assert node is not None
+        if self.rules == SGLANG_0_5_15 or self.rules is None:
+            self.tree.touch(node)
+        return node
 
     def finish(self, req: Request, insert: bool = True) -> TreeNode | None:
         """SGLang's cache_finished_req: insert what is computed (no_buffer: up
@@ -501,7 +503,7 @@ class CacheManager:
             key, self.rows.read(req.row, 0, cache_len), state, req.prefix_len, req.extra_key
         )
         self._free_kv(r.freed_kv)
-        return None if r.state_existed else self.tree.peek(key, req.extra_key)
+        return None if r.state_existed else r.node
 
     def _free_slots(self, req: Request, keep_tracked: bool) -> None:
         """Free the track slots (all, or all but the one the tree now holds)."""
@@ -582,6 +584,14 @@ def _rules(compat: str | None, sglang_rules: bool | str | None) -> str | None:
         raise ValueError(
             f"sglang_rules must be an SGLang release name, got {sglang_rules!r}"
         ) from None
+
+
+def _attach_kv_owner(tree: MambaRadixCache, kv: Any) -> None:
+    """The KV pool answers for the KV indices the tree takes (`core/ownership.py`),
+    when it can (the `pools.kv` allocators) and the tree is still empty."""
+    methods = ("claim", "release", "held_by_tree", "refusal", "tree_indices")
+    if all(callable(getattr(kv, m, None)) for m in methods) and not tree.root.children:
+        tree.attach_kv_owner(kv)
 
 
 def _check_setup(
