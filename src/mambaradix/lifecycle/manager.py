@@ -56,9 +56,9 @@ from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle.request import Request
+from mambaradix.lifecycle.strategy import PAGE_RULE, check_strategy, takes_page
 from mambaradix.pools._checks import as_int
 
-STRATEGIES = ("no_buffer", "extra_buffer")
 SGLANG_STATE_HEADROOM = 3  # MAMBA_STATE_PER_REQ_PREFIX_CACHE: 2 ping-pong + 1 running
 
 
@@ -597,11 +597,10 @@ def _attach_kv_owner(tree: MambaRadixCache, kv: Any) -> None:
 def _check_setup(
     tree: MambaRadixCache, kv: Any, strategy: str, track_slots: int, page_checkpoints: bool
 ) -> None:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    if strategy == "no_buffer" and tree.page_size != 1 and page_checkpoints is not True:
+    check_strategy(strategy)
+    if not takes_page(strategy, tree.page_size) and page_checkpoints is not True:
         raise ValueError(
-            "page_size must be 1 with strategy='no_buffer' (states sit at exact token ends); "
+            f"page_size must be 1 with strategy='no_buffer' ({PAGE_RULE}); "
             "use strategy='extra_buffer' for larger pages"
         )
     if strategy == "extra_buffer" and (isinstance(track_slots, bool) or track_slots not in (1, 2)):

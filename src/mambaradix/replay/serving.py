@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager
+from mambaradix.lifecycle.strategy import PAGE_RULE, takes_page
 from mambaradix.pools import ReqToTokenTable
 from mambaradix.replay.checks import check_serving_config
 from mambaradix.replay.memory import NullStatePool, exact_pools, shared_pools, split_pools
@@ -270,9 +271,9 @@ class ServingModel:
         page = own_page or page_units(self.cfg.page_size, self.units.unit)
         budget = int(self.cfg.memory_gb * 1e9)
         strategy = self.policy.strategy
-        if page > 1 and strategy == "no_buffer" and own_page is None:
+        if not takes_page(strategy, page) and own_page is None:
             raise ValueError(
-                f"policy {self.policy.name!r} (no_buffer) needs page_size 1; "
+                f"policy {self.policy.name!r} (no_buffer) needs page_size 1 ({PAGE_RULE}); "
                 f"page_size {self.cfg.page_size} needs an extra_buffer policy"
             )
         own = self.policy.build_memory(
