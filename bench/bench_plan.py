@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--model", default="nemotron-h-8b")
     ap.add_argument("--target", type=float, default=0.2, help="token hit rate")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--grid-points", type=int, default=4)
+    ap.add_argument("--grid-points", type=int, default=3)
     ap.add_argument("--policies", default=None, help="comma-separated (default: plan's)")
     ap.add_argument("--state-fractions", default=None, help="comma-separated (default: plan's)")
     ap.add_argument("--json", default=None, help="write the plan's JSON here")

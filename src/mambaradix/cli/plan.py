@@ -65,7 +65,7 @@ def add(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-ttft-p95", type=real(0), default=None, help="seconds")
     g.add_argument("--budget-gb", type=real(0), default=None, help="most device memory, GB")
     g.add_argument(
-        "--grid-points", type=count(1), default=4, help="memories per setting before bisecting"
+        "--grid-points", type=count(1), default=3, help="memories per setting before bisecting"
     )
     g.add_argument(
         "--resolution", type=real(0), default=0.1, help="bisect until memory is known within it"

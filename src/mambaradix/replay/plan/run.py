@@ -89,7 +89,7 @@ def plan(
     base: ServingConfig,
     policies: list[str] | None = None,
     state_fractions: list[float] | None = None,
-    grid_points: int = 4,
+    grid_points: int = 3,
     resolution: float = 0.1,
     memories: list[float] | None = None,
     workers: int | None = None,

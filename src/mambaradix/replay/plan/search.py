@@ -5,13 +5,14 @@ Phase 1, a grid: every setting at `grid_points` memories, geometric from the set
 least memory to the top of its range (`space.py`; the budget instead, when it is lower).
 Phase 2, with targets: per setting, bisection (geometric midpoints) of the bracket
 between its largest memory that misses the targets and its least that meets them, until
-the bracket is within `resolution` (10%: the memory is known to within 10%). Each round
-runs every active setting's midpoint at once (with fewer active settings than workers,
-several cut points per setting: k-section, so that no worker idles). A setting whose
-bracket starts at or above the least memory that meets the targets anywhere can no
-longer win and stops. This assumes a setting meets the targets at every memory above
-one that does (hit rates and TTFTs are monotone-ish in memory); the answer is always a
-replayed point that meets them, at worst not the cheapest.
+the bracket is within `resolution` (10%: the memory is known to within 10%). Branch and
+bound: a setting whose bracket starts at or above the least memory that meets the
+targets anywhere can no longer win and stops; each round takes the brackets that start
+lowest, as many as there are workers (with fewer, several cut points per bracket:
+k-section), so that each round's results prune the next. This assumes a setting meets
+the targets at every memory above one that does (hit rates and TTFTs are monotone-ish in
+memory); the answer is always a replayed point that meets them, at worst not the
+cheapest.
 
 Work shared across points: the trace is parsed and hashed once and handed to forked
 workers (`forked.run_forked`), and no point is replayed twice (`Evaluator.rows`).
@@ -155,9 +156,12 @@ def bisect_rounds(
             and b > a * (1 + resolution)
             and (best is None or a < best)  # else it cannot beat the best found
         }
-        cuts = max(1, ev.workers // max(1, len(active)))
+        # best first: the brackets that start lowest could still beat the best; a round is
+        # as wide as the workers, so that each round's results prune the next one
+        chosen = sorted(active.items(), key=lambda kv: (kv[1][0], kv[1][1]))[: ev.workers]
+        cuts = max(1, ev.workers // max(1, len(chosen)))
         mids: list[Point] = []
-        for s, (a, b) in active.items():
+        for s, (a, b) in chosen:
             assert a is not None and b is not None
             inner = {round_up_gb(a * (b / a) ** (i / (cuts + 1))) for i in range(1, cuts + 1)}
             mids += [(s, m) for m in sorted(inner) if a < m < b]
