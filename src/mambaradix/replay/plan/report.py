@@ -88,7 +88,9 @@ def table(data: dict[str, Any]) -> str:
         )
     for engine, d in data["defaults"].items():
         said = _said(d, ttft) if d["runs"] else f"does not run: {d['why']}"
-        lines.append(f"  {NAMES[engine]} ({d['setting']}) at {_where(best, host)}: {said}")
+        at = _where(d, host) if d["runs"] else _where(best, host)
+        least = " (its least)" if d["runs"] and d["memory_gb"] > best["memory_gb"] else ""
+        lines.append(f"  {NAMES[engine]} ({d['setting']}) at {at}{least}: {said}")
     return "\n".join(lines)
 
 

@@ -236,7 +236,8 @@ def _defaults(
 ) -> dict[str, Any]:
     """SGLang's and vLLM's default sizing at the recommended memory: their row, or
     why they do not run there. With a host tier, the peers' tiered setups at the same
-    device and host memory (`HOST_DEFAULTS`)."""
+    host memory and device memory (`HOST_DEFAULTS`), or at their least device memory
+    when they need more to serve the largest request."""
     memory, host = best["memory_gb"], best["host_gb"]
     out: dict[str, Any] = {}
     todo = []
@@ -250,12 +251,14 @@ def _defaults(
         except ValueError as e:
             out[engine] = {"setting": s.label(), "runs": False, "why": str(e)}
             continue
-        if memory < least:
+        if memory < least and not host:
             why = f"needs {least:g} GB to serve the largest request"
             out[engine] = {"setting": s.label(), "runs": False, "why": why}
             continue
-        todo.append((engine, s))
-    ev.run([(s, memory) for _, s in todo])
-    for engine, s in todo:
-        out[engine] = {"setting": s.label(), "runs": True, **ev.rows[(s, memory)]}
+        # with a host tier the comparison is at equal host bytes: a peer that needs more
+        # device memory than the recommendation runs at its least (more than ours)
+        todo.append((engine, s, max(memory, least)))
+    ev.run([(s, m) for _, s, m in todo])
+    for engine, s, m in todo:
+        out[engine] = {"setting": s.label(), "runs": True, **ev.rows[(s, m)]}
     return out
