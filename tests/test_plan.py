@@ -23,6 +23,7 @@ from mambaradix.replay.plan.search import geometric
 from mambaradix.replay.plan.space import footprint
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig
+from mambaradix.replay.tier_rules import auto_kv_share
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.replay.workloads import load
 from mambaradix.replay.workloads.jsonl import save_jsonl
@@ -256,3 +257,132 @@ def test_unmet_target_exits_1_and_still_writes(
     assert json.loads(out.read_text())["recommended"] is None
     assert "no configuration searched meets the goal" in captured.out
     assert "least TTFT" in captured.out
+
+
+# ---------------------------------------------------------------- the host axis
+
+HOSTS = [0.0, 2.0]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Trace:
+    return multi_turn(sessions=3, seed=1)
+
+
+@pytest.fixture(scope="module")
+def host_planned(tiny: Trace) -> dict[str, Any]:
+    """Two device memories x two host memories, one setting: 4 replays + 3 peers' rows
+    (about 2 s)."""
+    return plan(tiny, PROFILE, Goal(hit_rate=TARGET), BASE, policies=["mambaradix"],
+                state_fractions=[0.5], memories=[0.5, 2.0], resolution=10, workers=1,
+                host_gbs=HOSTS, host_cost=0.05)  # fmt: skip
+
+
+def _cost_triple(r: dict[str, Any]) -> tuple[float, float, float]:
+    """(device GB + 0.05 x host GB, -hit rate, p95 TTFT), computed here from the row's
+    device and host memory, not from the planner's `cost_gb`."""
+    t = r["ttft_p95_s"]
+    cost = r["memory_gb"] + 0.05 * r["host_gb"]
+    return (cost, -r["token_hit_rate"], math.inf if t is None else t)
+
+
+def test_host_recommendation_meets_target_replayed_alone(
+    tiny: Trace, host_planned: dict[str, Any]
+) -> None:
+    best = host_planned["recommended"]
+    assert best["host_gb"] == 2.0 and best["memory_gb"] == 0.5  # the host tier is cheaper
+    cfg = ServingConfig(0.5, state_fraction=0.5, host_gb=2.0)  # an independent call
+    alone = replay(tiny, PROFILE, "mambaradix", cfg)
+    assert alone["dropped"] == 0 and alone["token_hit_rate"] >= TARGET
+    # without the host the same device memory misses; with none, 2 GB is needed: cost 2 > 0.6
+    bare = replay(tiny, PROFILE, "mambaradix", ServingConfig(0.5, state_fraction=0.5))
+    assert bare["token_hit_rate"] < TARGET
+    # the peers' tiered rows ran at the same device and host memory
+    defaults = host_planned["defaults"]
+    assert set(defaults) == {"sglang-hicache", "sglang-hicache-auto", "vllm-offload"}
+    for d in defaults.values():
+        assert (d["memory_gb"], d["host_gb"]) == (0.5, 2.0)
+
+
+def test_host_frontier_is_non_dominated_by_brute_force(host_planned: dict[str, Any]) -> None:
+    served = [r for r in host_planned["points"] if not r["dropped"]]
+    assert {r["host_gb"] for r in served} == set(HOSTS)
+
+    def dominated(r: dict[str, Any]) -> bool:
+        c = _cost_triple(r)
+        return any(
+            all(x <= y for x, y in zip(_cost_triple(o), c, strict=True)) and _cost_triple(o) != c
+            for o in served
+        )
+
+    want = {_cost_triple(r) for r in served if not dominated(r)}
+    got = [_cost_triple(r) for r in host_planned["frontier"]]
+    assert sorted(got) == sorted(want)
+
+
+def _beaten(t: tuple[float, ...], others: list[tuple[float, ...]]) -> bool:
+    return any(all(x <= y for x, y in zip(o, t, strict=True)) and o != t for o in others)
+
+
+def test_pareto_weighs_host_by_its_cost() -> None:
+    """Random rows over (device, host): the frontier over device + c x host, brute force,
+    for two prices."""
+    rng = random.Random(11)
+    for c in (0.0, 0.3):
+        for _ in range(100):
+            rows = []
+            for _ in range(rng.randint(1, 10)):
+                m, h = rng.choice([1, 2, 3]), rng.choice([0, 2, 5])
+                rows.append({"memory_gb": m, "host_gb": h, "cost_gb": m + c * h,
+                             "token_hit_rate": rng.choice([0.1, 0.2, 0.3]),
+                             "ttft_p95_s": rng.choice([0.5, 1.0]), "dropped": False})  # fmt: skip
+            trip = [(r["memory_gb"] + c * r["host_gb"], -r["token_hit_rate"], r["ttft_p95_s"])
+                    for r in rows]  # fmt: skip
+            want = {t for t in trip if not _beaten(t, trip)}
+            got = [(r["cost_gb"], -r["token_hit_rate"], r["ttft_p95_s"])
+                   for r in pareto(rows, "ttft_p95_s")]  # fmt: skip
+            assert sorted(got) == sorted(want)
+
+
+def test_host_axis_at_zero_is_the_device_only_plan(tiny: Trace) -> None:
+    """host_gbs=[0]: the same replays, frontier and recommendation as no host axis (the
+    recommendation is the hand-checked one of `test_recommended_meets_target_on_given_
+    memories`: 2.0 GB), every cost its device memory, the device-only defaults."""
+    args = (tiny, PROFILE, Goal(hit_rate=TARGET), BASE)
+    kw: dict[str, Any] = {"policies": ["mambaradix"], "state_fractions": [0.5],
+                          "memories": [0.5, 2.0], "resolution": 10, "workers": 1}  # fmt: skip
+    plain, zero = plan(*args, **kw), plan(*args, **kw, host_gbs=[0.0], host_cost=7.0)
+
+    def strip(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(r["setting"], r["memory_gb"], r["token_hit_rate"], r["ttft_p95_s"]) for r in rows]
+
+    assert strip(zero["points"]) == strip(plain["points"])
+    assert strip(zero["frontier"]) == strip(plain["frontier"])
+    assert zero["recommended"]["memory_gb"] == plain["recommended"]["memory_gb"] == 2.0
+    assert all(r["cost_gb"] == r["memory_gb"] and r["host_gb"] == 0 for r in zero["points"])
+    assert set(zero["defaults"]) == {"sglang", "vllm"}
+
+
+def test_auto_host_state_pool_by_hand() -> None:
+    """SGLang's proposed rule (sglang #39436): slots = tokens / chunk + 4 x running.
+    10 GB host, 1000 B of KV per token, 1 MB states, chunk 1000, 2 running: tokens =
+    (1e10 - 8e6) / (1000 + 1000) = 4,996,000; slots = 4,996 + 8 = 5,004 (5.004 GB);
+    KV 4.996 GB: a share of 0.4996. A host below 4 x running states holds states only."""
+    assert auto_kv_share(10**10, 1000, 10**6, 1000, 2) == pytest.approx(0.4996)
+    assert auto_kv_share(7 * 10**6, 1000, 10**6, 1000, 2) == 0.0
+
+
+def test_host_bad_input_names_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_file: Path, tiny: Trace
+) -> None:
+    for flag, value in (("--host-gb", "-1"), ("--host-gb", "0,0"), ("--host-cost", "-0.1"),
+                        ("--host-gb", "x")):  # fmt: skip
+        rc, err = cli(tmp_path, capsys, "--trace", str(tiny_file), "--target-hit-rate", "0.3",
+                      f"{flag}={value}")  # fmt: skip
+        assert rc == 2 and flag in err and err.count("\n") == 1, (flag, value, err)
+    with pytest.raises(ValueError, match="host_gbs"):
+        plan(tiny, PROFILE, Goal(hit_rate=TARGET), BASE, host_gbs=[-1.0])
+    with pytest.raises(ValueError, match="host_cost"):
+        plan(tiny, PROFILE, Goal(hit_rate=TARGET), BASE, host_cost=-1.0)
+    with pytest.raises(TypeError, match="host_gbs"):
+        plan(tiny, PROFILE, Goal(hit_rate=TARGET), BASE, host_gbs=[])

@@ -222,3 +222,23 @@ def test_cli_bad_tier_option_is_one_line(
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert named in err[-1]
+
+
+@pytest.mark.parametrize("running", [2, 256])
+def test_hicache_auto_sizes_the_host_state_pool(running: int) -> None:
+    """`sglang-hicache-auto`: the host state pool holds tokens / chunk + 4 x running
+    states (sglang #39436), the KV pool the rest; checked after every step. With 256
+    running the 1,024 states outweigh the 1 GB host: no host KV, as SGLang's users found
+    (0/8 host hits until resized)."""
+    trace = random_trace(random.Random(5), 30)
+    cfg = ServingConfig(memory_gb=0.8, host_gb=1.0, max_running=running, chunk_tokens=64)
+    m = ServingModel(trace, PROFILE, make_policy("sglang-hicache-auto"), cfg)
+    host = m.tiered.tiers.host
+    sb, kv_tok = m.state_bytes, m.kv_unit_bytes / m.units.unit
+    tokens = max(0.0, (1e9 - 4 * running * sb) / (kv_tok + sb / 64))  # solved here
+    assert host.lrus["kv"].capacity == int(1e9 * (tokens * kv_tok / 1e9))
+    assert host.lrus["st"].capacity == int(1e9) - host.lrus["kv"].capacity
+    run_checked(m)
+    assert len(m.outcomes) + len(m.dropped) == len(trace)
+    if running == 256:
+        assert host.lrus["kv"].capacity == 0 and host.lrus["kv"].peak == 0

@@ -1,12 +1,15 @@
-"""`mambaradix plan`: the device memory, state share and policy that meet a target (token
-hit rate, mean or p95 TTFT) on a trace, or do best within a memory budget; the Pareto
-frontier of what was replayed; SGLang's and vLLM's default sizing at the same memory.
+"""`mambaradix plan`: the device and host memory, state share and policy that meet a
+target (token hit rate, mean or p95 TTFT) on a trace, or do best within a memory budget;
+the Pareto frontier of what was replayed; SGLang's and vLLM's default sizing at the same
+memory.
 
 Takes `replay`'s workload, model and serving options (`add_serving_arguments`);
 `--memory` replaces the memory range derived from the trace, `--policy` and
-`--state-fraction` the axes searched. Checks everything before any replay, as `replay`
-does; a hit-rate target above the trace's bound is an error that names the bound.
-Exit 1 when no configuration searched meets the targets (the outputs are still written)."""
+`--state-fraction` the axes searched; `--host-gb` is a list here (the host axis, 0: no
+host tier) and `--host-cost` a host GB's price in device GB. Checks everything before
+any replay, as `replay` does; a hit-rate target above the trace's bound is an error that
+names the bound. Exit 1 when no configuration searched meets the targets (the outputs
+are still written)."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mambaradix.cli.checks import UsageError, count, is_stdout, real, write_all
+from mambaradix.cli.checks import UsageError, count, is_stdout, real, reals, write_all
 from mambaradix.cli.replay import (
     add_serving_arguments,
     check_outputs,
@@ -38,6 +41,8 @@ FLAGS = {  # plan()'s parameter names as the options that set them
     "policies": "--policy",
     "state_fractions": "--state-fraction",
     "memories": "--memory",
+    "host_gbs": "--host-gb",
+    "host_cost": "--host-cost",
 }
 
 
@@ -59,11 +64,20 @@ def add(p: argparse.ArgumentParser) -> None:
             action.help += "mambaradix)"
         if action.dest == "state_fraction":
             action.help = "state shares to search (default 0.25, 0.4737 (SGLang's), 0.75)"
+        if action.dest == "host_gb":  # one host size in `replay`, the host axis here
+            action.type, action.default = reals(0, low_open=False), None
+            action.help = "host memories (L2) to search, GB, e.g. 0,100,400 (default 0: none)"
     g = p.add_argument_group("what to plan for (a target, a budget, or both)")
     g.add_argument("--target-hit-rate", type=hit_rate, default=None, help="e.g. 0.3 or 30%%")
     g.add_argument("--target-ttft-mean", type=real(0), default=None, help="seconds")
     g.add_argument("--target-ttft-p95", type=real(0), default=None, help="seconds")
-    g.add_argument("--budget-gb", type=real(0), default=None, help="most device memory, GB")
+    g.add_argument("--budget-gb", type=real(0), default=None, help="most memory cost, device GB")
+    g.add_argument(
+        "--host-cost",
+        type=real(0, low_open=False),
+        default=None,
+        help="a host GB's price in device GB (default 0.05: docs/plan.md)",
+    )
     g.add_argument(
         "--grid-points", type=count(1), default=3, help="memories per setting before bisecting"
     )
@@ -97,13 +111,14 @@ def goal_of(args: argparse.Namespace) -> Goal:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mambaradix.replay.plan import DEFAULT_POLICIES, prepare, search
+    from mambaradix.replay.plan import DEFAULT_HOST_COST, DEFAULT_POLICIES, prepare, search
     from mambaradix.replay.plan.report import table
     from mambaradix.replay.progress import shown
 
     start = time.perf_counter()
     goal = goal_of(args)
     memories, args.memory = args.memory, args.memory or [1.0]  # validate_serving's base memory
+    hosts, args.host_gb = args.host_gb, 0.0  # the host axis; the base has none
     profile, base, _ = validate_serving(args)
     plot_path = _plot_path(args, None, profile)
     check_outputs(plot_path, args.json, args.trace)
@@ -114,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
         if given is None:
             policies = [p for p in policies if p in DEFAULT_POLICIES]
         try:
-            ready = prepare(trace, profile, goal, base, policies, args.state_fraction, memories)
+            ready = prepare(
+                trace, profile, goal, base, policies, args.state_fraction, memories, hosts,
+                DEFAULT_HOST_COST if args.host_cost is None else args.host_cost,
+            )  # fmt: skip
         except ValueError as e:
             raise UsageError(_flagged(str(e))) from None
         plot_path = _plot_path(args, trace, profile)

@@ -97,7 +97,7 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
             help="comma-separated, of %(known)s (default: all but marconi-oracle, which is a "
             "run per alpha, the older SGLang release's rows, "
             "sglang-0.5.15.post1[-extra-buffer], and, without --host-gb or --store-gb, the "
-            "tiered rows sglang-hicache and vllm-offload)",
+            "tiered rows sglang-hicache[-auto] and vllm-offload)",
         ),
         policy_names,
     )

@@ -18,6 +18,9 @@ are `tiers.cost`'s published figures, each cited there and in docs/tiers-replay.
   a state pool in proportion to the device pools' bytes (`--hicache-size`, sglang #32915),
   every state demoted (its checkpoints per chunk and per finished request are the
   `sglang` row's), the deepest hit always loaded;
+* `sglang-hicache-auto`: the same with the host state pool sized by SGLang's proposed
+  `auto` rule (sglang #39436, open): `slots = ceil(kv_host_tokens / chunked_prefill_size)
+  + 4 x max_running_requests`, the KV pool the rest of the host bytes (`auto_kv_share`);
 * `vllm-offload`: vLLM 0.33.0's native CPU offload: per-group keys (a state is one entry
   per Mamba group; a hit needs every group), boundary (prompt) states only, never a
   decode-phase state (vllm #56972), the deepest hit always loaded.
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 from mambaradix.tiers.cost import NVME_GEN5, PCIE5_X16, Link, Tier
 
-SHARED, PROPORTIONAL = "shared", "proportional"
+SHARED, PROPORTIONAL, AUTO = "shared", "proportional", "auto"
 COST, DEEPEST = "cost", "deepest"
 ALL_STATES, PROMPT_STATES = "all", "prompt"
 
@@ -54,6 +57,7 @@ class TierRules:
 
 OURS = TierRules()
 SGLANG_HICACHE = TierRules(split=PROPORTIONAL, choose=DEEPEST)
+SGLANG_HICACHE_AUTO = TierRules(split=AUTO, choose=DEEPEST)
 VLLM_OFFLOAD = TierRules(choose=DEEPEST, states=PROMPT_STATES)  # groups: the policy's
 
 
@@ -71,3 +75,16 @@ def load_tiers(
     """The paths of a load: host -> device, and store -> host -> device."""
     host = host_link(host_gbps, host_latency_us)
     return Tier("host", (host,)), Tier("store", (store_link(store_gbps, store_latency_us), host))
+
+
+def auto_kv_share(
+    host_bytes: int, kv_token_bytes: float, state_bytes: int, chunk_tokens: int, running: int
+) -> float:
+    """The KV pool's share of the host bytes under SGLang's proposed `auto` sizing
+    (sglang #39436): the state pool holds `kv_host_tokens / chunk + 4 x running` states
+    and the KV pool `kv_host_tokens` tokens, together the host bytes. Solved for
+    `kv_host_tokens` (the ceiling dropped: under one state's bytes); when the host holds
+    no more than the `4 x running` states, all of it is the state pool."""
+    per_token = kv_token_bytes + state_bytes / chunk_tokens  # a token's KV, its share of a state
+    tokens = (host_bytes - 4 * running * state_bytes) / per_token
+    return max(0.0, tokens * kv_token_bytes / host_bytes) if host_bytes else 0.0

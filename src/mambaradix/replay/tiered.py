@@ -35,10 +35,12 @@ from mambaradix.core.node import TreeNode
 from mambaradix.lifecycle import CacheManager, Request
 from mambaradix.replay.tier_lru import LowerTier
 from mambaradix.replay.tier_rules import (
+    AUTO,
     COST,
     PROMPT_STATES,
     PROPORTIONAL,
     TierRules,
+    auto_kv_share,
     load_tiers,
 )
 from mambaradix.scheduler import CheckpointPolicy
@@ -203,6 +205,11 @@ class TieredCache:
         if rules.split == PROPORTIONAL:  # SGLang: --hicache-size split like the device
             kv_dev = cache.kv.capacity * kv_unit_bytes
             kv_share = kv_dev / max(1, kv_dev + cache.slots.capacity * state_bytes)
+        elif rules.split == AUTO:  # SGLang's proposed `auto` host state pool (#39436)
+            per_token = kv_unit_bytes / unit_tokens
+            kv_share = auto_kv_share(
+                int(cfg.host_gb * 1e9), per_token, state_bytes, cfg.chunk_tokens, cfg.max_running
+            )
         self.tiers = LowerTiers(int(cfg.host_gb * 1e9), int(cfg.store_gb * 1e9), kv_share)
         self.host_path, self.store_path = load_tiers(
             cfg.host_gbps, cfg.host_latency_us, cfg.store_gbps, cfg.store_latency_us

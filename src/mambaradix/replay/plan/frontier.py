@@ -1,5 +1,7 @@
-"""The Pareto frontier of evaluated configurations (less memory, more token hits, less
-TTFT) and the configuration to recommend."""
+"""The Pareto frontier of evaluated configurations (less memory cost, more token hits,
+less TTFT) and the configuration to recommend. The memory cost of a row is `cost_gb`
+(device GB plus host GB at the host's price, `Setting.cost`); a row without one (no
+host axis) costs its device memory."""
 
 from __future__ import annotations
 
@@ -8,15 +10,19 @@ from typing import Any
 
 from mambaradix.replay.plan.targets import Goal
 
-__all__ = ["dominates", "pareto", "recommend"]
+__all__ = ["cost_gb", "dominates", "pareto", "recommend"]
 
 Row = dict[str, Any]
+
+
+def cost_gb(row: Row) -> float:
+    return float(row["cost_gb"] if "cost_gb" in row else row["memory_gb"])
 
 
 def _costs(row: Row, ttft: str) -> tuple[float, float, float]:
     """What the frontier minimises. A run that served nothing has no TTFT: infinite."""
     t = row[ttft]
-    return (row["memory_gb"], -row["token_hit_rate"], math.inf if t is None else t)
+    return (cost_gb(row), -row["token_hit_rate"], math.inf if t is None else t)
 
 
 def dominates(a: Row, b: Row, ttft: str) -> bool:
@@ -39,13 +45,13 @@ def pareto(rows: list[Row], ttft: str) -> list[Row]:
 
 
 def recommend(rows: list[Row], goal: Goal, ttft: str) -> Row | None:
-    """With targets: the least memory meeting them all (within the budget), then the
-    higher hit rate, then the lower TTFT. With a budget only: the highest hit rate
-    within it, then the least memory, then the lower TTFT. None if none qualifies."""
+    """With targets: the least memory cost meeting them all (within the budget), then
+    the higher hit rate, then the lower TTFT. With a budget only: the highest hit rate
+    within it, then the least cost, then the lower TTFT. None if none qualifies."""
     within = [
         r
         for r in rows
-        if not r["dropped"] and (goal.budget_gb is None or r["memory_gb"] <= goal.budget_gb)
+        if not r["dropped"] and (goal.budget_gb is None or cost_gb(r) <= goal.budget_gb + 1e-9)
     ]
     if goal.targets:
         ok = [r for r in within if goal.met(r)]

@@ -1,9 +1,11 @@
-"""The planner's answer as text and as a plot (memory vs token hit rate, every point
+"""The planner's answer as text and as a plot (memory cost vs token hit rate, every point
 replayed, the frontier, the recommendation, the target and the bound)."""
 
 from __future__ import annotations
 
 from typing import Any, BinaryIO
+
+from mambaradix.replay.plan.frontier import cost_gb
 
 __all__ = ["plot", "table"]
 
@@ -12,12 +14,28 @@ def _ttft(x: float | None) -> str:
     return f"{'-':>9}" if x is None else f"{x:>8.3f}s"
 
 
-def _row(r: dict[str, Any], bound: float, ttft: str, w: int) -> str:
+NAMES = {
+    "sglang": "SGLang's default",
+    "vllm": "vLLM's default",
+    "sglang-hicache": "SGLang HiCache (host split as the device)",
+    "sglang-hicache-auto": "SGLang HiCache (proposed `auto` host state pool)",
+    "vllm-offload": "vLLM's CPU offload",
+}
+
+
+def _row(r: dict[str, Any], bound: float, ttft: str, w: int, host: bool) -> str:
     share = r["token_hit_rate"] / bound if bound else 0.0
+    tiers = f"{r['host_gb']:>8g}GB {r['cost_gb']:>8.2f}GB " if host else ""
     return (
-        f"{r['memory_gb']:>8g}GB {r['setting']:<{w}} {r['token_hit_rate']:>8.1%} "
+        f"{r['memory_gb']:>8g}GB {tiers}{r['setting']:<{w}} {r['token_hit_rate']:>8.1%} "
         f"{share:>8.1%} {_ttft(r[ttft])}"
     )
+
+
+def _where(r: dict[str, Any], host: bool) -> str:
+    if not host:
+        return f"{r['memory_gb']:g} GB"
+    return f"{r['memory_gb']:g} GB device + {r['host_gb']:g} GB host"
 
 
 def _said(r: dict[str, Any], ttft: str) -> str:
@@ -31,32 +49,48 @@ def table(data: dict[str, Any]) -> str:
     ttft = data["ttft"]
     lo = min(r["least_gb"] for r in data["ranges"])
     hi = max(r["top_gb"] for r in data["ranges"])
+    host = any(data["axes"]["host_gb"])
+    axes = " x host memory" if host else ""
     lines = [
         f"trace {data['trace']['name']}: {data['trace']['requests']:,} requests; model "
         f"{data['model']['name']}; bound (unlimited memory, a state everywhere): {bound:.1%}",
         f"goal: {data['goal']['described']}",
-        f"searched: {len(data['ranges'])} setting(s) (policy x state share), device memory "
+        f"searched: {len(data['ranges'])} setting(s) (policy x state share{axes}), device memory "
         f"{lo:g}-{hi:g} GB from the trace; {data['replays']} replays in {data['rounds']} rounds",
     ]
+    if host:
+        hosts = ", ".join(f"{h:g}" for h in data["axes"]["host_gb"])
+        lines.append(f"host memory: {hosts} GB; cost = device GB + {data['host_cost']:g} x host GB")
     w = max([10] + [len(r["setting"]) for r in data["frontier"]])
     what = "mean" if ttft == "ttft_mean_s" else "p95"
-    head = f"{'memory':>10} {'setting':<{w}} {'tok hit':>8} {'of bound':>8} {'TTFT ' + what:>9}"
-    lines += ["", "Pareto frontier (less memory, more token hits, less TTFT):", head]
-    lines += ["-" * len(head)] + [_row(r, bound, ttft, w) for r in data["frontier"]]
+    tiers = f"{'host':>10} {'cost':>10} " if host else ""
+    head = (
+        f"{'memory':>10} {tiers}{'setting':<{w}} {'tok hit':>8} {'of bound':>8} {'TTFT ' + what:>9}"
+    )
+    less = "memory cost" if host else "memory"
+    lines += ["", f"Pareto frontier (less {less}, more token hits, less TTFT):", head]
+    lines += ["-" * len(head)] + [_row(r, bound, ttft, w, host) for r in data["frontier"]]
     best = data["recommended"]
     lines.append("")
     if best is None:
         lines.append(f"no configuration searched meets the goal ({data['goal']['described']})")
         lines += _closest(data["frontier"], ttft)
         return "\n".join(lines)
-    lines.append(
-        f"recommended: {best['setting']} at {best['memory_gb']:g} GB of device memory: "
-        f"{_said(best, ttft)}"
-    )
+    if host:
+        lines.append(
+            f"recommended: {best['setting']} at {_where(best, host)} (cost "
+            f"{best['cost_gb']:.2f} device GB): {_said(best, ttft)}"
+        )
+    else:
+        lines.append(
+            f"recommended: {best['setting']} at {best['memory_gb']:g} GB of device memory: "
+            f"{_said(best, ttft)}"
+        )
     for engine, d in data["defaults"].items():
-        name = "SGLang" if engine == "sglang" else "vLLM"
         said = _said(d, ttft) if d["runs"] else f"does not run: {d['why']}"
-        lines.append(f"  {name}'s default ({d['setting']}) at {best['memory_gb']:g} GB: {said}")
+        at = _where(d, host) if d["runs"] else _where(best, host)
+        least = " (its least)" if d["runs"] and d["memory_gb"] > best["memory_gb"] else ""
+        lines.append(f"  {NAMES[engine]} ({d['setting']}) at {at}{least}: {said}")
     return "\n".join(lines)
 
 
@@ -87,7 +121,7 @@ def plot(data: dict[str, Any], path: str | BinaryIO) -> None:
     for label in dict.fromkeys(r["setting"] for r in data["points"]):
         rows = [r for r in data["points"] if r["setting"] == label]
         ax.plot(
-            [r["memory_gb"] for r in rows],
+            [cost_gb(r) for r in rows],
             [r["token_hit_rate"] for r in rows],
             marker="o",
             markersize=3,
@@ -96,7 +130,7 @@ def plot(data: dict[str, Any], path: str | BinaryIO) -> None:
         )
     front = data["frontier"]
     ax.plot(
-        [r["memory_gb"] for r in front],
+        [cost_gb(r) for r in front],
         [r["token_hit_rate"] for r in front],
         "ks",
         markerfacecolor="none",
@@ -108,7 +142,7 @@ def plot(data: dict[str, Any], path: str | BinaryIO) -> None:
         ax.axhline(data["goal"]["hit_rate"], color="red", linestyle=":", label="target")
     if (best := data["recommended"]) is not None:
         ax.scatter(
-            [best["memory_gb"]],
+            [cost_gb(best)],
             [best["token_hit_rate"]],
             marker="*",
             s=250,
@@ -117,7 +151,10 @@ def plot(data: dict[str, Any], path: str | BinaryIO) -> None:
             label="recommended",
         )
     ax.set_xscale("log")
-    ax.set_xlabel("device memory (GB, KV + states)")
+    if any(data["axes"]["host_gb"]):
+        ax.set_xlabel(f"memory cost (device GB + {data['host_cost']:g} x host GB)")
+    else:
+        ax.set_xlabel("device memory (GB, KV + states)")
     ax.set_ylabel("token hit rate")
     ax.set_ylim(0, min(1.0, data["bound"]["token_hit_rate"] * 1.15 + 0.02))
     ax.set_title(f"plan: {data['trace']['name']} on {data['model']['name']}")

@@ -2,17 +2,18 @@
 batches, and where the device memory goes next.
 
 Phase 1, a grid: every setting at `grid_points` memories, geometric from the setting's
-least memory to the top of its range (`space.py`; the budget instead, when it is lower).
+least memory to the top of its range (`space.py`; the budget instead, when it is lower:
+the budget is a memory cost, so a setting's host memory, at its price, comes off it).
 Phase 2, with targets: per setting, bisection (geometric midpoints) of the bracket
 between its largest memory that misses the targets and its least that meets them, until
 the bracket is within `resolution` (10%: the memory is known to within 10%). Branch and
 bound: a setting whose bracket starts at or above the least memory that meets the
-targets anywhere can no longer win and stops; each round takes the brackets that start
-lowest, as many as there are workers (with fewer, several cut points per bracket:
-k-section), so that each round's results prune the next. This assumes a setting meets
-the targets at every memory above one that does (hit rates and TTFTs are monotone-ish in
-memory); the answer is always a replayed point that meets them, at worst not the
-cheapest.
+targets anywhere (in memory cost: device GB plus host GB at its price) can no longer win
+and stops; each round takes the brackets that start lowest, as many as there are workers
+(with fewer, several cut points per bracket: k-section), so that each round's results
+prune the next. This assumes a setting meets the targets at every memory above one that
+does (hit rates and TTFTs are monotone-ish in memory); the answer is always a replayed
+point that meets them, at worst not the cheapest.
 
 Work shared across points: the trace is parsed and hashed once and handed to forked
 workers (`forked.run_forked`), and no point is replayed twice (`Evaluator.rows`).
@@ -55,8 +56,10 @@ class Evaluator:
         base: ServingConfig,
         workers: int | None,
         progress: bool,
+        host_cost: float = 0.0,
     ) -> None:
         self.trace, self.profile, self.base = trace, profile, base
+        self.host_cost = host_cost
         self.workers = workers or os.cpu_count() or 1
         self.progress = progress
         self.rows: dict[Point, dict[str, Any]] = {}
@@ -87,6 +90,8 @@ class Evaluator:
         for i, row in done:
             s, m = todo[i]
             row["state_fraction"] = s.state_fraction
+            row["host_gb"] = s.host_gb
+            row["cost_gb"] = s.cost(m, self.host_cost)
             row["setting"] = s.label()
             self.rows[(s, m)] = row
 
@@ -108,14 +113,23 @@ def geometric(lo: float, hi: float, n: int) -> list[float]:
     return sorted(set(out))
 
 
+def device_budget(s: Setting, budget: float | None, host_cost: float) -> float | None:
+    """The most device memory `s` may have within a memory-cost budget."""
+    return None if budget is None else budget - host_cost * s.host_gb
+
+
 def grid_points_of(
-    ranges: dict[Setting, tuple[float, float]], n: int, budget: float | None
+    ranges: dict[Setting, tuple[float, float]],
+    n: int,
+    budget: float | None,
+    host_cost: float = 0.0,
 ) -> list[Point]:
     """Phase 1: every setting at `n` memories of its range (capped by the budget;
     a setting whose least memory is above the budget has none)."""
     points: list[Point] = []
     for s, (lo, hi) in ranges.items():
-        top = hi if budget is None else min(hi, budget)
+        cap = device_budget(s, budget, host_cost)
+        top = hi if cap is None else min(hi, cap)
         if top >= lo:
             points += [(s, m) for m in geometric(lo, top, n)]
     return points
@@ -124,7 +138,7 @@ def grid_points_of(
 def _bracket(ev: Evaluator, s: Setting, goal: Goal) -> tuple[float | None, float | None]:
     """(largest memory below `b` that misses, `b`: the least that meets) for `s`."""
     pts = ev.of(s)
-    met = [m for m, r in pts if goal.met(r) and _within(m, goal)]
+    met = [m for m, r in pts if goal.met(r) and _within(s.cost(m, ev.host_cost), goal)]
     if not met:
         return None, None
     b = met[0]
@@ -132,8 +146,8 @@ def _bracket(ev: Evaluator, s: Setting, goal: Goal) -> tuple[float | None, float
     return (below[-1] if below else None), b
 
 
-def _within(m: float, goal: Goal) -> bool:
-    return goal.budget_gb is None or m <= goal.budget_gb
+def _within(cost: float, goal: Goal) -> bool:
+    return goal.budget_gb is None or cost <= goal.budget_gb + 1e-9
 
 
 def bisect_rounds(
@@ -147,18 +161,21 @@ def bisect_rounds(
     each bracket is cut at several points per round (k-section) so no worker idles."""
     while True:
         brackets = {s: _bracket(ev, s, goal) for s in settings}
-        best = min((b for _, b in brackets.values() if b is not None), default=None)
+        hc = ev.host_cost
+        best = min((s.cost(b, hc) for s, (_, b) in brackets.items() if b is not None), default=None)
         active = {
             s: (a, b)
             for s, (a, b) in brackets.items()
             if a is not None
             and b is not None
             and b > a * (1 + resolution)
-            and (best is None or a < best)  # else it cannot beat the best found
+            and (best is None or s.cost(a, hc) < best)  # else it cannot beat the best found
         }
-        # best first: the brackets that start lowest could still beat the best; a round is
+        # best first: the brackets that start cheapest could still beat the best; a round is
         # as wide as the workers, so that each round's results prune the next one
-        chosen = sorted(active.items(), key=lambda kv: (kv[1][0], kv[1][1]))[: ev.workers]
+        chosen = sorted(
+            active.items(), key=lambda kv: (kv[0].cost(kv[1][0], hc), kv[0].cost(kv[1][1], hc))
+        )[: ev.workers]
         cuts = max(1, ev.workers // max(1, len(chosen)))
         mids: list[Point] = []
         for s, (a, b) in chosen:

@@ -1,12 +1,13 @@
 """The planner's search space: the settings (every axis but device memory) and, per
 setting, the device-memory range worth searching, derived from the trace.
 
-A `Setting` is a policy and a state share (the state pool's fraction of device memory;
+A `Setting` is a policy, a state share (the state pool's fraction of device memory;
 `None` for a policy that lays out its own memory, vLLM's one block pool, or under
-`sequential`'s one shared budget). Device memory is the axis searched within a setting
-(`search.py`). A host tier would be one more field of `Setting` (host GB) and one more
-factor in `settings()`; `Setting.config` is the one place a setting becomes a
-`ServingConfig`.
+`sequential`'s one shared budget) and the host memory (GB of a host tier, L2, behind the
+device pools; 0: none). Device memory is the axis searched within a setting
+(`search.py`). `Setting.config` is the one place a setting becomes a `ServingConfig`,
+`Setting.cost` the one place the tiers are weighed: device GB plus host GB times the
+host's price relative to device memory (`host_cost`).
 
 The range of a setting runs from the least memory that serves the trace's largest
 request alone at that setting (`fit.gb_for_largest`: below it some request is dropped)
@@ -39,27 +40,41 @@ class Setting(NamedTuple):
 
     policy: str
     state_fraction: float | None  # None: the policy's (or sequential's) own layout
+    host_gb: float = 0.0  # the host tier (L2); 0: none
 
     def config(self, base: ServingConfig, memory_gb: float) -> ServingConfig:
+        cfg = replace(base, memory_gb=memory_gb, host_gb=self.host_gb)
         if self.state_fraction is None:
-            return replace(base, memory_gb=memory_gb)
-        return replace(base, memory_gb=memory_gb, state_fraction=self.state_fraction)
+            return cfg
+        return replace(cfg, state_fraction=self.state_fraction)
+
+    def cost(self, memory_gb: float, host_cost: float) -> float:
+        """What `memory_gb` of device memory and this setting's host memory cost, in
+        device GB (a host GB costs `host_cost` of a device GB)."""
+        return memory_gb + host_cost * self.host_gb
 
     def label(self) -> str:
+        host = f", host {self.host_gb:g} GB" if self.host_gb else ""
         if self.state_fraction is None:
-            return self.policy
-        return f"{self.policy} (states {self.state_fraction:.0%})"
+            return f"{self.policy}{' (' + host[2:] + ')' if host else ''}"
+        return f"{self.policy} (states {self.state_fraction:.0%}{host})"
 
 
-def settings(policies: list[str], fractions: list[float], sequential: bool) -> list[Setting]:
-    """Every policy at every state share; one setting for a policy the share does
-    not apply to (vLLM's own pool, sequential's shared budget)."""
+def settings(
+    policies: list[str],
+    fractions: list[float],
+    sequential: bool,
+    hosts: list[float] | None = None,
+) -> list[Setting]:
+    """Every policy at every state share and every host memory; one share for a policy
+    the share does not apply to (vLLM's own pool, sequential's shared budget)."""
     out: list[Setting] = []
-    for p in policies:
-        if sequential or policy_own_memory(p):
-            out.append(Setting(p, None))
-        else:
-            out += [Setting(p, f) for f in fractions]
+    for h in hosts or [0.0]:
+        for p in policies:
+            if sequential or policy_own_memory(p):
+                out.append(Setting(p, None, h))
+            else:
+                out += [Setting(p, f, h) for f in fractions]
     return out
 
 

@@ -1,5 +1,7 @@
 """What the planner is asked for: targets a configuration must meet (token hit rate,
-mean TTFT, p95 TTFT, all that are given) and an optional device-memory budget."""
+mean TTFT, p95 TTFT, all that are given) and an optional memory budget (a memory cost:
+device GB plus host GB at the host's price, `space.Setting.cost`; device GB alone
+when no host tier is searched)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ __all__ = ["Goal", "ttft_key"]
 @dataclass(frozen=True)
 class Goal:
     """hit_rate: least token hit rate (0-1). ttft_mean_s / ttft_p95_s: most mean /
-    95th-percentile TTFT over served requests. budget_gb: most device memory.
-    At least one is given."""
+        95th-percentile TTFT over served requests. budget_gb: most memory cost, in device
+    GB (device GB + host GB x the host's price).
+        At least one is given."""
 
     hit_rate: float | None = None
     ttft_mean_s: float | None = None
@@ -65,7 +68,7 @@ class Goal:
         if self.ttft_p95_s is not None:
             parts.append(f"p95 TTFT <= {self.ttft_p95_s:g} s")
         if self.budget_gb is not None:
-            parts.append(f"device memory <= {self.budget_gb:g} GB")
+            parts.append(f"memory cost <= {self.budget_gb:g} device GB")
         return ", ".join(parts)
 
 

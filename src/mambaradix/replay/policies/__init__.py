@@ -22,6 +22,7 @@ tree and the same scheduler.
     mambaradix           ours: one value model, expected FLOPs saved per byte
                          held, for admission and eviction
     sglang-hicache       sglang with HiCache's tier rules (`replay.tier_rules`)
+    sglang-hicache-auto  the same, host state pool by SGLang's proposed `auto` rule
     vllm-offload         vllm with its native CPU offload's tier rules
 
 Every constant lives in `constants`.
@@ -48,6 +49,7 @@ from mambaradix.replay.policies.sglang import (
     SGLang0515ExtraBuffer,
     SGLangExtraBuffer,
     SGLangHiCache,
+    SGLangHiCacheAuto,
     sglang_policy,
 )
 from mambaradix.replay.policies.vllm import VLLM, VLLMOffload, parse_retention
@@ -68,6 +70,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     ORACLE: Marconi,  # run once per alpha of its grid by the replay
     "mambaradix": MambaRadix,
     "sglang-hicache": SGLangHiCache,
+    "sglang-hicache-auto": SGLangHiCacheAuto,
     "vllm-offload": VLLMOffload,
 }
 
@@ -77,7 +80,7 @@ SINGLE_RUN = [p for p in POLICIES if p != ORACLE]
 
 OLDER_RELEASES = ("sglang-0.5.15.post1", "sglang-0.5.15.post1-extra-buffer")
 
-TIER_ROWS = ("sglang-hicache", "vllm-offload")
+TIER_ROWS = ("sglang-hicache", "sglang-hicache-auto", "vllm-offload")
 """Peers' tiered setups: run by default only with a lower tier (`--host-gb`, `--store-gb`);
 without one each is its device row (`sglang`, `vllm`)."""
 """Rows of releases users no longer run: selectable by name, not run by default."""
@@ -180,6 +183,7 @@ __all__ = [
     "SGLang0515ExtraBuffer",
     "SGLangExtraBuffer",
     "SGLangHiCache",
+    "SGLangHiCacheAuto",
     "TIER_ROWS",
     "VLLM",
     "VLLMOffload",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_0_5_23
 from mambaradix.replay.policies.base import Policy
-from mambaradix.replay.tier_rules import SGLANG_HICACHE, TierRules
+from mambaradix.replay.tier_rules import SGLANG_HICACHE, SGLANG_HICACHE_AUTO, TierRules
 
 if TYPE_CHECKING:
     from mambaradix.replay.models import ModelProfile
@@ -80,6 +80,16 @@ class SGLangHiCache(SGLang):
 
     def tier_rules(self, profile: ModelProfile) -> TierRules:
         return SGLANG_HICACHE
+
+
+class SGLangHiCacheAuto(SGLangHiCache):
+    """`sglang-hicache` with the host state pool sized by SGLang's proposed `auto` rule
+    (sglang #39436, `tier_rules.auto_kv_share`) instead of in proportion to the device."""
+
+    name = "sglang-hicache-auto"
+
+    def tier_rules(self, profile: ModelProfile) -> TierRules:
+        return SGLANG_HICACHE_AUTO
 
 
 _BY_RELEASE: dict[tuple[str, bool], type[SGLang]] = {
