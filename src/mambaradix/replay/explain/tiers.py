@@ -1,0 +1,95 @@
+"""What a tiered run's lower tiers did, for `explain` (`replay.tiered`).
+
+A `TierWatch` hooks one serving model's `TieredCache` through its own methods
+(instance attributes shadow them; the replay's results are unchanged):
+
+* `LowerTiers.demote`: every state a lower tier (host or store) took, by the
+  prefix hash it is kept under (`below`: what the tiers ever held);
+* `TieredCache.pick`: the candidates a request's lookup found below (each a
+  depth a load could restore: its state, every group, below and the KV of every
+  unit to it on the device or below) and the load-or-recompute rule's choice;
+* `TieredCache.before_match`: which request that lookup was for (`decisions`).
+
+At the request's admission `explain` reads the deepest state ever held below
+along its prompt (`deepest_below`) and its last lookup's `Decision`.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable
+from typing import NamedTuple
+
+from mambaradix.lifecycle import Request
+from mambaradix.replay.tiered import ROOT_HASH, Candidate, TieredCache
+
+
+class Decision(NamedTuple):
+    """A request's last lookup below: the deepest depth a load could restore
+    (units; 0: none past the device's prefix) and whether the rule chose not to
+    load that deep (recompute everything, or a shallower load that saved more)."""
+
+    deepest: int
+    declined: bool
+
+
+NO_DECISION = Decision(0, False)
+
+
+class TierWatch:
+    """Records one `TieredCache`'s demotions and load decisions (module docstring)."""
+
+    def __init__(self, tiered: TieredCache) -> None:
+        self.tiered = tiered
+        self.below: set[int] = set()  # prefix hashes of states a lower tier held
+        self.decisions: dict[Request, Decision] = {}
+        self._picked = NO_DECISION
+        self._hook(tiered)
+
+    def _hook(self, tiered: TieredCache) -> None:
+        tiers, demote, pick, before_match = (
+            tiered.tiers,
+            tiered.tiers.demote,
+            tiered.pick,
+            tiered.before_match,
+        )
+
+        def demoted(key: tuple[Hashable, ...], nbytes: int) -> None:
+            demote(key, nbytes)
+            # a state larger than every tier passes through them: never held
+            if key[0] == "st" and tiers.where(key) is not None:
+                h = key[1]
+                assert isinstance(h, int)
+                self.below.add(h)
+
+        def picked(cands: list[Candidate], start: int) -> Candidate | None:
+            choice = pick(cands, start)
+            deepest = cands[-1].depth if cands else 0  # `plan` lists them by depth
+            declined = bool(cands) and (choice is None or choice.depth < deepest)
+            self._picked = Decision(deepest, declined)
+            return choice
+
+        def looked_up(req: Request) -> None:
+            self._picked = NO_DECISION
+            before_match(req)
+            self.decisions[req] = self._picked
+
+        tiers.demote = demoted  # type: ignore[method-assign]
+        tiered.pick = picked  # type: ignore[method-assign]
+        tiered.before_match = looked_up  # type: ignore[method-assign]
+
+    def decision(self, req: Request) -> Decision:
+        """`req`'s last lookup below, forgotten once read (a retracted request
+        is looked up again before its next admission)."""
+        return self.decisions.pop(req, NO_DECISION)
+
+    def deepest_below(self, key: array[int]) -> int:
+        """The deepest position along `key` whose state a lower tier held at
+        some time (the tiers' prefix hash chain, `replay.tiered.chain`)."""
+        h, deepest = ROOT_HASH, 0
+        below = self.below
+        for i, u in enumerate(key, 1):
+            h = hash((h, u))
+            if h in below:
+                deepest = i
+        return deepest
