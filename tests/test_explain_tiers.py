@@ -154,7 +154,7 @@ def check_tiered(trace: Trace, policy: str, cfg: ServingConfig) -> Explanation:
     if not tiers["loads_failed"]:
         assert totals["lower_tier"] == 0
     if not tiers["dropped_bytes"]:
-        assert totals["tier_dropped"] == 0
+        assert totals["tier_dropped"] == totals["tier_kv_dropped"] == 0
     return e
 
 

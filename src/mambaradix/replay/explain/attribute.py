@@ -24,6 +24,7 @@ the longest prefix with its property or with a property of a level below it:
     kept_kv     ... whose KV is still cached
     ever_below  ... covered by a state this instance's lower tiers (host, store)
                 held at some time
+    state_below ... held there still (every group of it)
     lower_tier  ... usable from them when the request was looked up: its state
                 (every group) and the KV of every unit to it on the device or
                 below (`replay.tiered`'s candidates)
@@ -31,7 +32,7 @@ the longest prefix with its property or with a property of a level below it:
     hit         what the request hit (a prefix loaded from below is hit)
 
 The first three come from the trace; the others were recorded during the run,
-up to the request's (last) admission; the three tier levels are the hit when
+up to the request's (last) admission; the four tier levels are the hit when
 no tier is configured. Each step between two levels is one category:
 
     unreachable        bound -> reach
@@ -44,8 +45,10 @@ no tier is configured. Each step between two levels is one category:
     admission_refused  refused -> ever_state
     kv_evicted         ever_state -> kept_kv
     state_evicted      kept_kv -> ever_below (its KV stayed: a tombstone)
-    tier_dropped       ever_below -> lower_tier (it, or KV before it, fell out
-                                              of the last tier)
+    tier_dropped       ever_below -> state_below (the state fell out of the
+                                              last tier)
+    tier_kv_dropped    state_below -> lower_tier (the state is below, but KV
+                                              before it fell out of the last tier)
     lower_tier         lower_tier -> recompute (usable below, the rule chose to
                                               load it, the load found no device
                                               memory)
@@ -79,6 +82,7 @@ CATEGORIES = (
     "kv_evicted",
     "state_evicted",
     "tier_dropped",
+    "tier_kv_dropped",
     "lower_tier",
     "recompute_chosen",
     "beyond_bound",
@@ -98,23 +102,25 @@ class Seen(NamedTuple):
     ever_state: int  # the deepest state this tree ever held
     kept_kv: int  # the deepest state ever held whose KV is still cached
     ever_below: int  # the deepest state a lower tier held at some time (no tier: 0)
+    state_below: int  # ... and holds at the admission (no tier: 0)
     lower_tier: int  # the deepest prefix a load could have restored (no tier: 0)
     recompute: int  # that prefix, when the rule chose not to load it (else 0)
 
 
-NOTHING_SEEN = Seen(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+NOTHING_SEEN = Seen(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
 def staircase(reach: int, hit: int, seen: Seen) -> tuple[int, ...]:
-    """The twelve levels from `reach` down to `hit` (module docstring), bottom
+    """The thirteen levels from `reach` down to `hit` (module docstring), bottom
     up: each the larger of the level below it and its raw position capped at
     `reach`. With `hit >= reach` every level below `reach` is `hit`."""
     if hit >= reach:
-        return (reach,) + (hit,) * 11
+        return (reach,) + (hit,) * 12
     levels = [hit]
     for raw in (
         seen.recompute,
         seen.lower_tier,
+        seen.state_below,
         seen.ever_below,
         seen.kept_kv,
         seen.ever_state,

@@ -207,6 +207,7 @@ class Observer:
         if shared.held_anywhere is not None and shared.finished_anywhere is not None:
             elsewhere = max(shared.held_anywhere.common(key), shared.finished_anywhere.common(key))
         kv = min(req.kv_hit_len, reach)
+        ever_below, state_below = (0, 0) if self.tiers is None else self.tiers.below_levels(key)
         return Seen(
             session=self._session(i, key),
             ended=shared.ended.common(key),
@@ -215,7 +216,8 @@ class Observer:
             refused=self.refused.deepest_end(key),
             ever_state=held.prefix_len,
             kept_kv=self.held.deepest_end(key[:kv]),
-            ever_below=0 if self.tiers is None else self.tiers.deepest_below(key),
+            ever_below=ever_below,
+            state_below=state_below,
             lower_tier=below.deepest,
             recompute=below.deepest if below.declined else 0,
         )

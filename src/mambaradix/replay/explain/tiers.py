@@ -10,8 +10,9 @@ A `TierWatch` hooks one serving model's `TieredCache` through its own methods
   unit to it on the device or below) and the load-or-recompute rule's choice;
 * `TieredCache.before_match`: which request that lookup was for (`decisions`).
 
-At the request's admission `explain` reads the deepest state ever held below
-along its prompt (`deepest_below`) and its last lookup's `Decision`.
+At the request's admission `explain` reads the deepest states along its prompt
+that the tiers ever held and hold now (`below_levels`), and its last lookup's
+`Decision`.
 """
 
 from __future__ import annotations
@@ -83,13 +84,16 @@ class TierWatch:
         is looked up again before its next admission)."""
         return self.decisions.pop(req, NO_DECISION)
 
-    def deepest_below(self, key: array[int]) -> int:
-        """The deepest position along `key` whose state a lower tier held at
-        some time (the tiers' prefix hash chain, `replay.tiered.chain`)."""
-        h, deepest = ROOT_HASH, 0
-        below = self.below
+    def below_levels(self, key: array[int]) -> tuple[int, int]:
+        """The deepest positions along `key` whose state a lower tier held at some
+        time, and holds now (every group), on the tiers' prefix hash chain
+        (`replay.tiered.chain`)."""
+        h, ever, now = ROOT_HASH, 0, 0
+        below, tiers, state_keys = self.below, self.tiered.tiers, self.tiered.tracker.state_keys
         for i, u in enumerate(key, 1):
             h = hash((h, u))
             if h in below:
-                deepest = i
-        return deepest
+                ever = i
+                if all(tiers.where(k) is not None for k in state_keys(h)):
+                    now = i
+        return ever, now
