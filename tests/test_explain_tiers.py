@@ -34,7 +34,7 @@ from test_explain import (
     state_evicted_trace,
 )
 
-STATE = PROFILE.state_bytes  # 102,137,856 bytes
+STATE, KV = PROFILE.state_bytes, PROFILE.kv_bytes_per_token  # 102,137,856 and 16,384
 OLD_SGLANG = "sglang-0.5.15.post1"  # `state_evicted_trace`'s policy: default tier rules
 
 
@@ -93,17 +93,18 @@ def test_a_state_too_large_for_every_tier_was_never_below() -> None:
     assert e.tiers is not None and e.tiers["dropped_bytes"] >= STATE
 
 
-def lost_trace() -> Trace:
-    """`state_evicted_trace` with a second unrelated request before the third: its
-    admission evicts another state, demoted after the one at 40."""
+def lost_trace(unrelated: int = 30) -> Trace:
+    """`state_evicted_trace` with a second unrelated request before the third (each
+    `unrelated` tokens): its admission evicts another state, demoted after the one
+    at 40."""
     ids = Ids()
     p0 = ids(40)
     return Trace(
         "t",
         [
             request(0, 0, 0.0, p0, ids(10)),
-            request(1, 0, 5.0, ids(30), ids(5)),
-            request(2, 0, 7.5, ids(30), ids(5)),
+            request(1, 0, 5.0, ids(unrelated), ids(5)),
+            request(2, 0, 7.5, ids(unrelated), ids(5)),
             request(3, 0, 10.0, p0 + ids(10), ids(5)),
         ],
     )
@@ -121,6 +122,32 @@ def test_a_state_that_fell_out_of_the_last_tier(policy: str) -> None:
     r = e.requests[3]
     assert (r.hit_tokens, r.host_hit_tokens, r.store_hit_tokens) == (40, 0, 40)
     assert only(e, 3) == {}
+
+
+def test_a_state_below_whose_kv_fell_out() -> None:
+    """`sglang-hicache` splits the host like the device pools' bytes: 5,000 KV units
+    (16,384 bytes each) and 8 states give KV 9.1% of 0.5 GB, 2,780 units, and 4
+    states. The 4,000-token request 2 evicts, oldest first, request 0's path (its
+    40 prompt tokens and 9 of its answer, the state at 40 already below) and request
+    1's 4,004 units: 4,053 units down, the first 1,273 out of the host. The state at
+    40 stays (4 fit), the KV before it is gone: `tier_kv_dropped`."""
+    kv_share = 5000 * KV / (5000 * KV + 8 * STATE)
+    host_units = int(int(0.5e9 * kv_share) / KV)
+    assert host_units == 2780 and int(0.5e9 * (1 - kv_share)) // STATE == 4
+    cfg = fast(replace(SLOTS_4, kv_units=5000, state_slots=8, host_gb=0.5))
+    e = explain(lost_trace(4000), PROFILE, "sglang-hicache", cfg)
+    assert e.requests[3].hit_tokens == 0 and only(e, 3) == {"tier_kv_dropped": 40}
+    assert e.tiers is not None and e.tiers["dropped_bytes"] == (49 + 4004 - host_units) * KV
+
+
+def test_a_load_with_no_device_memory_is_lower_tier() -> None:
+    """A point where the replay counts one failed load (no device memory for it),
+    request 3's: its usable state below stays `lower_tier`."""
+    cfg = fast(replace(SLOTS_4, kv_units=5000, host_gb=0.25))
+    ran = replay(lost_trace(2000), PROFILE, "sglang-hicache", cfg)
+    assert ran["loads_failed"] == 1 and ran["host_loads"] == 0
+    e = explain(lost_trace(2000), PROFILE, "sglang-hicache", cfg)
+    assert e.requests[3].hit_tokens == 0 and only(e, 3) == {"lower_tier": 40}
 
 
 def test_the_peer_rows_load_whatever_it_costs() -> None:
