@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import pytest
 
+from mambaradix.replay.cluster import ClusterSpec, cluster_replay
 from mambaradix.replay.explain import Explanation, explain
 from mambaradix.replay.policies import SINGLE_RUN, TIER_ROWS
 from mambaradix.replay.run import replay
@@ -248,3 +249,18 @@ def test_categories_add_up_on_a_bundled_trace_with_tiers(policy: str) -> None:
     trace = load("synthetic-multi-turn")
     for host, store in ((2.0, 0.0), (0.3, 2.0)):
         check_tiered(trace, policy, ServingConfig(1.0, host_gb=host, store_gb=store))
+
+
+@pytest.mark.slow
+def test_categories_add_up_tiered_at_page_16_and_on_instances() -> None:
+    trace = long_turns(1)
+    c = ServingConfig(1.0, kv_units=6000, state_slots=8, host_gb=0.3, store_gb=1.0)
+    paged = replace(c, page_size=16, track_interval=64, chunk_tokens=64)
+    check_tiered(trace, "sglang-extra-buffer", fast(paged))
+    spec = ClusterSpec(instances=2)
+    for policy in ("mambaradix", "sglang-hicache", "vllm-offload"):
+        e = explain(trace, PROFILE, policy, fast(c), router="round-robin", spec=spec)
+        ran = cluster_replay(trace, PROFILE, policy, fast(c), "round-robin", spec)
+        assert e.hit_tokens == ran["cached_tokens"]
+        assert sum(r.host_hit_tokens for r in e.requests) == ran["host_hit_tokens"]
+        check_exact(e, trace, [r.hit_tokens for r in e.requests])  # sums, bounds

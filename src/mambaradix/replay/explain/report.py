@@ -70,8 +70,9 @@ def _heading(r: dict[str, Any], fractions: bool) -> str:
     if r["instances"] > 1:
         where += f" x{r['instances']} {r['router']}"
     cfg = r["config"]
-    if cfg["host_gb"] or cfg["store_gb"]:
-        where += f" + host {cfg['host_gb']:g} GB + store {cfg['store_gb']:g} GB"
+    for tier in ("host", "store"):
+        if cfg[f"{tier}_gb"]:
+            where += f" + {tier} {cfg[f'{tier}_gb']:g} GB"
     prompt = max(1, r["prompt_tokens"])
     return (
         f"{where} {r['policy']}: hit {r['hit_tokens'] / prompt:.1%} of prompt tokens"
