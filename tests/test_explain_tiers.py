@@ -12,11 +12,14 @@ names (a failed load, bytes fallen out of the last tier).
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from mambaradix.cli import main
 from mambaradix.replay.cluster import ClusterSpec, cluster_replay
 from mambaradix.replay.explain import Explanation, explain
 from mambaradix.replay.policies import SINGLE_RUN, TIER_ROWS
@@ -264,3 +267,31 @@ def test_categories_add_up_tiered_at_page_16_and_on_instances() -> None:
         assert e.hit_tokens == ran["cached_tokens"]
         assert sum(r.host_hit_tokens for r in e.requests) == ran["host_hit_tokens"]
         check_exact(e, trace, [r.hit_tokens for r in e.requests])  # sums, bounds
+
+
+LOADED = ("host_hit_tokens", "store_hit_tokens")
+
+
+def test_cli_on_a_tiered_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`explain --host-gb --store-gb`: the table names the tiers and their counts, the
+    JSON and the lines carry the loaded tokens, as the replay counts them."""
+    monkeypatch.chdir(tmp_path)
+    words = "--trace synthetic-multi-turn --limit 40 --memory 1 --host-gb 1 --store-gb 4"
+    args = [*words.split(), "--policy", "sglang", "--json", "e.json", "--jsonl", "e.jsonl"]
+    assert main(["explain", *args, "--workers", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "1 GB + host 1 GB + store 4 GB sglang: hit" in out and "  lower tiers: " in out
+    (row,) = json.loads((tmp_path / "e.json").read_text())["results"]
+    lines = [json.loads(x) for x in (tmp_path / "e.jsonl").read_text().splitlines()]
+    trace = load("synthetic-multi-turn")
+    trace.requests = trace.requests[:40]
+    ran = replay(trace, PROFILE, "sglang", ServingConfig(1.0, host_gb=1.0, store_gb=4.0))
+    replayed = {"hit_tokens": ran["cached_tokens"], **{k: ran[k] for k in LOADED}}
+    for key in ("hit_tokens", *LOADED):
+        assert row[key] == sum(x[key] for x in lines) == replayed[key]
+    assert row["host_hit_tokens"] > 0 and row["store_hit_tokens"] > 0
+    assert row["tiers"]["loads_failed"] == ran["loads_failed"]
+    for x in lines:
+        assert sum(x["categories"].values()) == x["gap_tokens"]
