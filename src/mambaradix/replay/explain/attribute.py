@@ -50,8 +50,9 @@ no tier is configured. Each step between two levels is one category:
     tier_kv_dropped    state_below -> lower_tier (the state is below, but KV
                                               before it fell out of the last tier)
     lower_tier         lower_tier -> recompute (usable below, the rule chose to
-                                              load it, the load found no device
-                                              memory)
+                                              load it, the load failed: no device
+                                              memory, or the room it made evicted
+                                              part of the prefix)
     recompute_chosen   recompute -> hit      (usable below, the rule judged
                                               recomputing cheaper)
 
