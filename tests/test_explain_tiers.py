@@ -144,9 +144,9 @@ def test_a_state_below_whose_kv_fell_out() -> None:
     assert e.tiers is not None and e.tiers["dropped_bytes"] == (49 + 4004 - host_units) * KV
 
 
-def test_a_load_with_no_device_memory_is_lower_tier() -> None:
-    """A point where the replay counts one failed load (no device memory for it),
-    request 3's: its usable state below stays `lower_tier`."""
+def test_a_failed_load_is_lower_tier() -> None:
+    """A point where the replay counts one failed load (`TierStats.failed`), request
+    3's: its usable state below stays `lower_tier`."""
     cfg = fast(replace(SLOTS_4, kv_units=5000, host_gb=0.25))
     ran = replay(lost_trace(2000), PROFILE, "sglang-hicache", cfg)
     assert ran["loads_failed"] == 1 and ran["host_loads"] == 0
