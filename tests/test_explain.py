@@ -77,7 +77,13 @@ def check_exact(e: Explanation, trace: Trace, hits: list[int]) -> None:
     assert sum(totals.values()) == e.gap_tokens == e.bound_tokens - e.hit_tokens
 
 
-TIER_CATEGORIES = ("tier_dropped", "tier_kv_dropped", "lower_tier", "recompute_chosen")
+TIER_CATEGORIES = (
+    "tier_dropped",
+    "tier_kv_dropped",
+    "lower_tier",
+    "recompute_chosen",
+    "load_failed",
+)
 
 
 # --------------------------------------------------------------- the property

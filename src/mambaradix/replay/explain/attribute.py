@@ -29,10 +29,11 @@ the longest prefix with its property or with a property of a level below it:
                 (every group) and the KV of every unit to it on the device or
                 below (`replay.tiered`'s candidates)
     recompute   ... and the load-or-recompute rule chose not to load that deep
+    failed      the depth the rule chose to load, when the load failed
     hit         what the request hit (a prefix loaded from below is hit)
 
 The first three come from the trace; the others were recorded during the run,
-up to the request's (last) admission; the four tier levels are the hit when
+up to the request's (last) admission; the five tier levels are the hit when
 no tier is configured. Each step between two levels is one category:
 
     unreachable        bound -> reach
@@ -49,12 +50,15 @@ no tier is configured. Each step between two levels is one category:
                                               last tier)
     tier_kv_dropped    state_below -> lower_tier (the state is below, but KV
                                               before it fell out of the last tier)
-    lower_tier         lower_tier -> recompute (usable below, the rule chose to
-                                              load it, the load failed: no device
-                                              memory, or the room it made evicted
-                                              part of the prefix)
-    recompute_chosen   recompute -> hit      (usable below, the rule judged
+    lower_tier         lower_tier -> recompute (usable below, loaded, and yet
+                                              not hit: a safety net, 0 in every
+                                              run tested)
+    recompute_chosen   recompute -> failed   (usable below, the rule judged
                                               recomputing cheaper)
+    load_failed        failed -> hit         (the rule chose to load it, the load
+                                              failed: no device memory, or the
+                                              room it made evicted part of the
+                                              prefix)
 
 The levels are computed bottom up, each the larger of the level below it and
 its own position capped at `reach`, so every step is >= 0. A hit above
@@ -86,6 +90,7 @@ CATEGORIES = (
     "tier_kv_dropped",
     "lower_tier",
     "recompute_chosen",
+    "load_failed",
     "beyond_bound",
 )
 """Every category, from the bound down to the hit (see the module docstring)."""
@@ -106,19 +111,21 @@ class Seen(NamedTuple):
     state_below: int  # ... and holds at the admission (no tier: 0)
     lower_tier: int  # the deepest prefix a load could have restored (no tier: 0)
     recompute: int  # that prefix, when the rule chose not to load it (else 0)
+    failed: int  # the depth the rule chose, when its load failed (else 0)
 
 
-NOTHING_SEEN = Seen(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+NOTHING_SEEN = Seen(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
 def staircase(reach: int, hit: int, seen: Seen) -> tuple[int, ...]:
-    """The thirteen levels from `reach` down to `hit` (module docstring), bottom
+    """The fourteen levels from `reach` down to `hit` (module docstring), bottom
     up: each the larger of the level below it and its raw position capped at
     `reach`. With `hit >= reach` every level below `reach` is `hit`."""
     if hit >= reach:
-        return (reach,) + (hit,) * 12
+        return (reach,) + (hit,) * 13
     levels = [hit]
     for raw in (
+        seen.failed,
         seen.recompute,
         seen.lower_tier,
         seen.state_below,

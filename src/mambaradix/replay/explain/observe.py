@@ -220,6 +220,7 @@ class Observer:
             state_below=state_below,
             lower_tier=below.deepest,
             recompute=below.deepest if below.declined else 0,
+            failed=below.failed,
         )
 
     def _session(self, i: int, key: array[int]) -> int:

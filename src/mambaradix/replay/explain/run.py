@@ -44,7 +44,8 @@ def explain(
     does) and explain every request's gap to the bound (`attribute`).
     `structure`: the trace's `ideal(trace)`, if already computed. With lower
     tiers (`cfg.host_gb`, `cfg.store_gb`) their loads are hits, and what they
-    held but did not serve is `tier_dropped`, `lower_tier` or `recompute_chosen`.
+    held but did not serve is `tier_dropped`, `tier_kv_dropped`, `recompute_chosen`
+    or `load_failed` (`attribute`).
 
     Checks what `replay()` checks (TypeError / ValueError naming the
     parameter, before any work); `marconi-oracle` is explained on its best run."""

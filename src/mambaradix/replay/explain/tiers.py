@@ -26,15 +26,14 @@ from mambaradix.replay.tiered import ROOT_HASH, Candidate, TieredCache
 
 
 class Decision(NamedTuple):
-    """A request's last lookup below: the deepest depth a load could restore
-    (units; 0: none past the device's prefix) and whether the rule chose not to
-    load that deep (recompute everything, or a shallower load that saved more)."""
+    """A request's last lookup below (units along its key)."""
 
-    deepest: int
-    declined: bool
+    deepest: int  # the deepest depth a load could restore (0: none past the device's)
+    declined: bool  # the rule chose not to load that deep (recompute, or a shallower load)
+    failed: int  # the depth the rule chose when its load failed (0: none failed)
 
 
-NO_DECISION = Decision(0, False)
+NO_DECISION = Decision(0, False, 0)
 
 
 class TierWatch:
@@ -67,13 +66,17 @@ class TierWatch:
             choice = pick(cands, start)
             deepest = cands[-1].depth if cands else 0  # `plan` lists them by depth
             declined = bool(cands) and (choice is None or choice.depth < deepest)
-            self._picked = Decision(deepest, declined)
+            self._picked = Decision(deepest, declined, choice.depth if choice else 0)
             return choice
 
         def looked_up(req: Request) -> None:
             self._picked = NO_DECISION
+            failed = tiers.stats.failed
             before_match(req)
-            self.decisions[req] = self._picked
+            picked = self._picked  # its `failed`: the chosen depth, kept if the load failed
+            self.decisions[req] = picked._replace(
+                failed=picked.failed if tiers.stats.failed > failed else 0
+            )
 
         tiers.demote = demoted  # type: ignore[method-assign]
         tiered.pick = picked  # type: ignore[method-assign]
