@@ -107,8 +107,8 @@ def _tiers(t: dict[str, int]) -> str:
     """What the lower tiers did."""
     return (
         f"  lower tiers: {t['host_loads']:,} loads from host, {t['store_loads']:,} from store; "
-        f"{t['loads_recomputed']:,} recomputed instead, {t['loads_failed']:,} found no device "
-        f"memory; {t['dropped_bytes'] / 1e9:,.1f} GB fell out of the last tier"
+        f"{t['loads_recomputed']:,} recomputed instead, {t['loads_failed']:,} failed (device "
+        f"memory); {t['dropped_bytes'] / 1e9:,.1f} GB fell out of the last tier"
     )
 
 
