@@ -225,8 +225,9 @@ def tree_nodes(cache: MambaRadixCache) -> list[TreeNode]:
     return sorted(cache._nodes(), key=lambda n: n.id)
 
 
-def run(seed: int, page: int, steps: int) -> dict[str, int]:
-    """Drive the tree and the reference together; return how often each call ran."""
+def run(seed: int, page: int, steps: int, chain: bool = False) -> dict[str, int]:
+    """Drive the tree and the reference together; return how often each call ran.
+    chain: mostly extend the newest key by a page (an agent's deep path)."""
     rng = random.Random(seed)
     cache = MambaRadixCache(page_size=page, chunk_size=4 * page)
     ref = RefTree(page)
@@ -234,8 +235,12 @@ def run(seed: int, page: int, steps: int) -> dict[str, int]:
     locks: list[tuple[LockReceipt, Path]] = []
     next_kv, next_state = 0, 0
     seen: dict[str, int] = {}
+    crowd = 80 if chain else 20  # nodes above which evictions come often
 
     def draw_key() -> tuple[Any, tuple[int, ...]]:
+        if chain and rng.random() < 0.9:  # the newest key, one page longer (no cap)
+            ns, base = keys[-1]
+            return ns, base + tuple(rng.randint(0, 2) for _ in range(page))
         ns, base = rng.choice(keys)
         if rng.random() < 0.15:
             ns = rng.choice([None, "a"])
@@ -248,8 +253,8 @@ def run(seed: int, page: int, steps: int) -> dict[str, int]:
             ["insert"] * 6
             + ["match"] * 4
             + ["peek_match", "touch", "lock", "unlock", "evict"] * 1
-            + ["evict_leaf", "evict_state_of", "reset"] * (cache.node_count() > 12)
-            + ["evict"] * 2 * (cache.node_count() > 20)
+            + ["evict_leaf", "evict_state_of", "reset"] * (cache.node_count() > crowd // 2)
+            + ["evict"] * 2 * (cache.node_count() > crowd)
         )
         if op == "reset" and (locks or rng.random() < 0.8):
             continue
@@ -338,11 +343,18 @@ def test_default_mode_evicts_in_the_reference_order(seed: int, page: int) -> Non
     assert seen["evict"] > 15 and seen["insert"] > 100  # the sequence exercised eviction
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_deep_paths_evict_in_the_reference_order(seed: int) -> None:
+    """Agent-like paths tens of nodes deep, where most nodes are internal."""
+    run(seed, 1, steps=300, chain=True)
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("chain", [False, True])
 @pytest.mark.parametrize("page", [1, 2, 4])
 @pytest.mark.parametrize("seed", range(100, 140))
-def test_default_mode_evicts_in_the_reference_order_long(seed: int, page: int) -> None:
-    run(seed, page, steps=1500)
+def test_default_mode_evicts_in_the_reference_order_long(seed: int, page: int, chain: bool) -> None:
+    run(seed, page, steps=1500, chain=chain)
 
 
 def test_the_reference_catches_a_wrong_order() -> None:
