@@ -10,7 +10,9 @@ Invariants (numbering of the SGLang reference, sections 3 and 8):
   I5  KV lock >= state lock; a node's KV lock = its children's KV locks + the
       locks anchored on it, and each anchored lock holds the state lock
   I6  evictable / protected counters equal a recount
-  I7  KV list = all non-root nodes; state list = all nodes holding a state
+  I7  KV list = all non-root nodes (default mode: but the parked ones, each internal
+      and older than every listed node); state list = all nodes holding a state;
+      `node_count()` counts every non-root node
   I8  both lists: symmetric links, strictly decreasing stamps MRU -> LRU
   I9  no KV index and no state slot is held twice; the tree's record of held state
       slots and its KV owner's record of held KV indices (what `insert` checks
@@ -98,8 +100,19 @@ def _check_node(tree: MambaRadixCache, node: TreeNode) -> None:
 def _check_lists(tree: MambaRadixCache, nodes: list[TreeNode]) -> None:
     kv_links = tree.lru[KV].check("KV")
     st_links = tree.lru[STATE].check("state")
-    if {id(link.node) for link in kv_links} != {id(n) for n in nodes}:
-        raise AssertionError("I7 KV list is not exactly the set of non-root nodes")
+    if tree.node_count() != len(nodes):
+        raise AssertionError(f"I7 node_count() {tree.node_count()} but {len(nodes)} nodes")
+    parked = [n for n in nodes if n.kv.prev is None]
+    if {id(link.node) for link in kv_links} != {id(n) for n in nodes if n.kv.prev is not None}:
+        raise AssertionError("I7 KV list holds a link of a node not in the tree")
+    if parked and not tree._lazy_kv:
+        _fail(parked[0], "I7 not in the KV list")
+    oldest_listed = kv_links[-1].stamp if kv_links else None
+    for unlisted in parked:
+        if not unlisted.children:
+            _fail(unlisted, "I7 a leaf is parked (out of the KV list)")
+        if oldest_listed is not None and unlisted.kv.stamp >= oldest_listed:
+            _fail(unlisted, "I7 a parked node is not older than every listed one")
     holders = {id(n) for n in nodes if n.state is not None}
     if {id(link.node) for link in st_links} != holders:
         raise AssertionError("I7 state list is not exactly the set of nodes holding a state")

@@ -26,6 +26,20 @@ slots the caller must free. Three behaviours share this code (`core.compat`):
   the state it uses, an insert refreshes only the state at its end, and leaf
   deletion keeps state-less ancestors as KV-only leaves (`core.unified`).
 
+Depth-independent refresh (default mode). Eviction only ever compares nodes that
+are leaves at the same time, never an ancestor with its descendant, and each
+refresh of a node refreshes its whole root path, ancestors older. So a leaf's
+recency is the newest stamp its subtree ever received, and the KV list can hold,
+instead of every node's own stamp, that newest stamp where it matters: a match
+or insert stamps only the deepest node it uses (O(1) for any depth), and a
+deleted node hands its stamp, and its place in the list, to its parent when
+that is newer than the parent's. Leaves are then in exactly the order full-path
+refreshes give (tests/test_eviction_order.py checks it against brute force);
+an internal node's own stamp may be stale, and the eviction scan *parks*
+(unlists) internal nodes older than every leaf, so it never walks them again:
+such a node re-enters the list by a refresh or by taking a deleted child's
+place. The SGLang compat modes refresh every node of the path, as upstream.
+
 All refuse bad input that upstream accepts, among it an `insert` whose KV
 indices the tree already holds or that repeat one (upstream would hold an index
 twice, or hand a cached one back to be freed): the KV pool that owns the slots
@@ -151,6 +165,7 @@ class MambaRadixCache:
         self.compat = resolve_compat(compat)  # the explicit release name
         self._sglang = self.compat == SGLANG_0_5_15
         self._unified = self.compat == SGLANG_0_5_23
+        self._lazy_kv = self.compat is None  # depth-independent KV refresh (see the docstring)
         self._listeners: tuple[TreeListener, ...] = ()  # empty: no cost beyond one check
         if not isinstance(check_kv, bool):
             raise TypeError(f"check_kv must be a bool, got {type(check_kv).__name__}")
@@ -178,6 +193,7 @@ class MambaRadixCache:
         # The root is permanently locked for both resources and never listed.
         self.root.kv.lock = self.root.st.lock = 1
         self.lru = (LRUList(), LRUList())
+        self._node_total = 0  # non-root nodes (the default mode parks some KV links)
         self._evictable = [0, 0]  # indexed by Resource: KV tokens, states
         self._protected = [0, 0]
         self._held_states: set[int] = set()  # every state slot the tree owns
@@ -318,6 +334,10 @@ class MambaRadixCache:
         """Make path[:k] MRU in the KV list (ancestors older than descendants);
         in the state list, only the state used (#31643; 0.5.23 too), or with
         compat="sglang-0.5.15.post1" every state on the path."""
+        if self._lazy_kv:
+            self.lru[KV].touch(path[k - 1].kv)  # the path's own stamps are implied
+            self.lru[STATE].move_mru(path[k - 1].st)
+            return
         used = path[k - 1 :: -1]  # deepest first
         self.lru[KV].splice_mru([node.kv for node in used])
         if self._sglang:
@@ -478,7 +498,7 @@ class MambaRadixCache:
         if off < n:
             leaf = self._add_leaf(node, tokens, values, off, state, extra_key)
             return InsertResult(off, False, freed, leaf)
-        kv_lru.move_mru(node.kv)
+        kv_lru.touch(node.kv)
         if node.state is None:  # a tombstone at the key's end: revive it
             node.state = state
             self._held_states.add(state)
@@ -521,7 +541,12 @@ class MambaRadixCache:
 
     def _touch_walked(self, walked: list[TreeNode]) -> None:
         """Refresh the nodes an insert walked through, as SGLang does one by one
-        (in the state list only with compat="sglang-0.5.15.post1", #31643)."""
+        (in the state list only with compat="sglang-0.5.15.post1", #31643); the
+        default mode stamps the deepest only (its ancestors' stamps are implied)."""
+        if self._lazy_kv:
+            if walked:
+                self.lru[KV].touch(walked[-1].kv)
+            return
         deepest_first = walked[::-1]
         self.lru[KV].splice_mru([node.kv for node in deepest_first])
         if self._sglang:
@@ -540,6 +565,7 @@ class MambaRadixCache:
         leaf = TreeNode(parent, tokens[off:], values[off:], state, ns)
         parent.children[self._child_key(parent, tokens, off, extra_key)] = leaf
         self._held_states.add(state)
+        self._node_total += 1
         self.lru[KV].push_mru(leaf.kv)
         self.lru[STATE].push_mru(leaf.st)
         self._evictable[KV] += len(leaf.value)
@@ -563,9 +589,13 @@ class MambaRadixCache:
         child.parent = mid
         mid.children[self._child_key(mid, child.key, 0, None)] = child
         parent.children[slot] = mid
+        self._node_total += 1
         kv_lru = self.lru[KV]
-        kv_lru.remove(child.kv)
-        kv_lru.push_mru(mid.kv)
+        if not self._lazy_kv:
+            kv_lru.remove(child.kv)
+            kv_lru.push_mru(mid.kv)
+        else:  # mid's own stamp: the child's last one (the insert just listed the child)
+            kv_lru.take_place(child.kv, mid.kv)
         kv_lru.push_mru(child.kv)  # the child stays newer than its new parent
         if self._sglang and child.state is not None:
             self.lru[STATE].move_mru(child.st)
@@ -592,8 +622,9 @@ class MambaRadixCache:
 
     def _evict_kv(self, want: int, freed_kv: array[int], freed_states: list[int]) -> int:
         lru = self.lru[KV]
+        oldest = lru.lru_leaf_parking if self._lazy_kv else lru.lru_unlocked_leaf
         got = 0
-        x = lru.lru_unlocked_leaf()
+        x = oldest()
         while got < want and x is not None:
             nxt = lru.lru_unlocked_leaf(x)
             node = x.node
@@ -601,7 +632,7 @@ class MambaRadixCache:
             tokens, survivor = self._delete_leaf(node, freed_kv, freed_states)
             got += tokens
             if not survivor.children:
-                nxt = lru.lru_unlocked_leaf()  # a new leaf may be older than nxt: restart
+                nxt = oldest()  # a new leaf may be older than nxt: restart
             x = nxt
         return got
 
@@ -718,7 +749,15 @@ class MambaRadixCache:
         freed_kv += node.value
         if self._kv_owner is not None:
             self._kv_owner.release(node.value)
-        self.lru[KV].remove(node.kv)
+        kv_lru = self.lru[KV]
+        if self._lazy_kv and parent.parent is not None and parent.kv.stamp < node.kv.stamp:
+            # The parent's implied stamp was at least this node's: it takes its place.
+            if parent.kv.prev is not None:
+                kv_lru.remove(parent.kv)
+            kv_lru.take_place(node.kv, parent.kv)
+        else:
+            kv_lru.remove(node.kv)
+        self._node_total -= 1
         self._evictable[KV] -= len(node.value)
         node.parent = None  # marks the node as deleted (stale handles are rejected)
         node.kv.node = node.st.node = None  # no cycle: the node is freed at once
@@ -846,7 +885,7 @@ class MambaRadixCache:
         )
 
     def node_count(self) -> int:
-        return self.lru[KV].size
+        return self._node_total
 
     # ------------------------------------------------------ recency (read-only)
 
