@@ -15,9 +15,10 @@ tree's own record (a set; it knows no requests, so only held-by-the-tree is chec
 from __future__ import annotations
 
 from array import array
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
+@runtime_checkable  # a CacheManager attaches a pool that has these methods (isinstance)
 class KVOwner(Protocol):
     """What a tree asks about the KV indices it takes and gives back."""
 

@@ -53,6 +53,7 @@ from typing import Any, Protocol
 
 from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_CURRENT, resolve_compat
 from mambaradix.core.node import TreeNode
+from mambaradix.core.ownership import KVOwner
 from mambaradix.core.results import EvictResult
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle.request import Request
@@ -589,8 +590,7 @@ def _rules(compat: str | None, sglang_rules: bool | str | None) -> str | None:
 def _attach_kv_owner(tree: MambaRadixCache, kv: Any) -> None:
     """The KV pool answers for the KV indices the tree takes (`core/ownership.py`),
     when it can (the `pools.kv` allocators) and the tree is still empty."""
-    methods = ("claim", "release", "held_by_tree", "refusal", "tree_indices")
-    if all(callable(getattr(kv, m, None)) for m in methods) and not tree.root.children:
+    if isinstance(kv, KVOwner) and not tree.root.children:
         tree.attach_kv_owner(kv)
 
 
