@@ -76,6 +76,12 @@ class Upstream:
         self.published += 1
         return events
 
+    def flushed(self) -> bool:
+        """Every batch handed over is in the publisher's replay buffer: its thread publishes
+        from a queue, and a replay served before that would miss the queued ones (which the
+        late SUB then never sees live either)."""
+        return bool(self.pub._event_queue.unfinished_tasks == 0)
+
     def close(self) -> None:
         self.pub.shutdown()
         atexit.unregister(self.pub.shutdown)  # SGLang's registers itself; once is enough
@@ -109,6 +115,7 @@ def recovered(name: str, where: Path, expect: str) -> dict[str, int]:
     try:
         for i in range(4):
             src.insert(i)
+        wait_until(src.flushed, lambda: time.sleep(0.01))
         sub.add(1, *src.endpoints)
         feed = sub.feeds[1]
         wait_until(lambda: feed.last == 3 and feed.waiting is None, lambda: sub.poll(0.02))
