@@ -1,39 +1,49 @@
 """Lower tiers in the replay: device evictions demoted to host (L2) and store (L3) LRUs,
 and a later request's prefix loaded back when the load costs less than recomputing.
 
-The device tree (`core`) is untouched: `TierTracker` is a tree listener. It keeps each
-node's prefix hashes (a chain over units, like HiCache's page-hash chain), and when the
-tree lets go of a node's KV (`node_removed`) or its state (`state_removed`) it demotes
-them into the host LRU; what the host LRU drops goes to the store LRU, what the store
-drops is gone (`tier_lru`). Content keys make the tiers inclusive: an entry loaded back
-stays below until its LRU drops it.
+The decisions live below the replay, in `lifecycle.tiers` (the engine uses the same
+ones): `TierTracker` is a tree listener that demotes what the device tree lets go of
+into the host LRU (what the host drops goes to the store, what the store drops is gone),
+keyed by a prefix-hash chain over units, and `Residency` looks a request's prefix up down
+the tiers. The replay carries the decisions out by accounting: a write is instant (no
+sink), a load's seconds go into the request's TTFT (the copy engine works beside the
+accelerator; only the request waits for its bytes).
 
 `TierHooks` wraps the row's policy for the scheduler and answers as it does, plus a
 `before_match`: before a waiting request is matched it looks up the request's prefix on
 the device (read only) and down the tiers (`plan`). A candidate is a depth past the
 device's usable prefix, on the tree's page grid, whose state (every group of it) is
 below and whose every unit of KV is on the device or below. The rule picks one (`pick`);
-`restore` allocates its KV and a state slot through the cache manager (which may evict,
-hence demote), inserts it into the tree with the tree's public `insert`, and the match
-that follows finds it. The load's seconds are added to the request's TTFT (the copy
-engine works beside the accelerator; only the request waits for its bytes).
+`restore` (`lifecycle.tier_restore`) allocates its KV and a state slot through the cache
+manager (which may evict, hence demote), checks the depth is still `usable`, and inserts
+it into the tree with the tree's public `insert`; the match that follows finds it.
 
-Invariants as code (`check`): each tier's bytes never exceed its capacity and equal its
-entries' bytes; a restored depth has its state below and KV for every unit to it
-(`usable`, checked independently of `plan` before every insert); the device pools'
-conservation (`CacheManager.check_conservation`).
+Invariants as code (`check`): `Residency.check_invariants` (each tier's bytes never
+exceed its capacity and equal its entries' bytes; a restored state sits at its depth); a
+restored depth has its state below and KV for every unit to it (`usable`, checked
+independently of `plan` before every insert); the device pools' conservation
+(`CacheManager.check_conservation`).
 """
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mambaradix.core.node import TreeNode
 from mambaradix.lifecycle import CacheManager, Request
-from mambaradix.replay.tier_lru import LowerTier
+from mambaradix.lifecycle.tier_lru import LowerTier
+from mambaradix.lifecycle.tier_restore import restore as restore_through
+from mambaradix.lifecycle.tiers import (
+    HOST,
+    ROOT_HASH,
+    STORE,
+    Candidate,
+    LowerTiers,
+    Residency,
+    TierStats,
+    TierTracker,
+    chain,
+)
 from mambaradix.replay.tier_rules import (
     AUTO,
     COST,
@@ -50,25 +60,18 @@ if TYPE_CHECKING:
     from mambaradix.replay.models import ModelProfile
     from mambaradix.replay.serving import ServingConfig
 
-ROOT_HASH = 0
-HOST, STORE = "host", "store"
-
-
-def chain(start: int, units: Any) -> int:
-    """The prefix hash after `units`, from `start`."""
-    h = start
-    for u in units:
-        h = hash((h, u))
-    return h
-
-
-@dataclass
-class Candidate:
-    depth: int  # units
-    host_bytes: int  # bytes the load takes from the host
-    store_bytes: int  # bytes it takes from the store (they cross the host link too)
-    saved_s: float = 0.0  # recompute seconds - load seconds
-    load_s: float = 0.0
+__all__ = [
+    "HOST",
+    "ROOT_HASH",
+    "STORE",
+    "Candidate",
+    "Load",
+    "TierHooks",
+    "TierStats",
+    "TieredCache",
+    "byte_tiers",
+    "chain",
+]
 
 
 @dataclass
@@ -82,108 +85,9 @@ class Load:
     seconds: float
 
 
-@dataclass
-class TierStats:
-    loads: dict[str, int] = field(default_factory=lambda: {HOST: 0, STORE: 0})
-    loaded_bytes: dict[str, int] = field(default_factory=lambda: {HOST: 0, STORE: 0})
-    recomputed: int = 0  # hits below the rule chose to recompute
-    failed: int = 0  # restores with no device memory for them
-    demoted_bytes: dict[str, int] = field(default_factory=lambda: {HOST: 0, STORE: 0})
-    dropped_bytes: int = 0  # fell out of the last tier
-
-
-class LowerTiers:
-    """The host and store LRUs, and demotion between them."""
-
-    def __init__(self, host_bytes: int, store_bytes: int, kv_share: float | None) -> None:
-        self.host = LowerTier(HOST, host_bytes, kv_share)
-        self.store = LowerTier(STORE, store_bytes, kv_share)
-        self.stats = TierStats()
-
-    def where(self, key: tuple[Hashable, ...]) -> str | None:
-        if key in self.host:
-            return HOST
-        if key in self.store:
-            return STORE
-        return None
-
-    def demote(self, key: tuple[Hashable, ...], nbytes: int) -> None:
-        if key in self.host:
-            self.host.touch(key)
-            return
-        self.stats.demoted_bytes[HOST] += nbytes
-        for old, size in self.host.put(key, nbytes):
-            self._to_store(old, size)
-
-    def _to_store(self, key: Hashable, nbytes: int) -> None:
-        assert isinstance(key, tuple)
-        if key in self.store:
-            self.store.touch(key)
-            return
-        self.stats.demoted_bytes[STORE] += nbytes
-        for _, size in self.store.put(key, nbytes):
-            self.stats.dropped_bytes += size
-
-    def touch(self, key: tuple[Hashable, ...]) -> None:
-        tier = self.host if key in self.host else self.store
-        tier.touch(key)
-
-    def check(self) -> None:
-        self.host.check()
-        self.store.check()
-
-
-class TierTracker:
-    """A tree listener: each node's prefix hashes; demotes what the tree lets go of."""
-
-    def __init__(
-        self, tiers: LowerTiers, kv_unit_bytes: int, state_bytes: int, rules: TierRules
-    ) -> None:
-        self.tiers, self.rules = tiers, rules
-        self.kv_unit_bytes = kv_unit_bytes
-        self.group_bytes = -(-state_bytes // rules.state_groups)
-        self.spans: dict[TreeNode, tuple[int, int]] = {}  # node -> (start hash, end hash)
-        self.prompt_ends: set[int] = set()  # prefix hashes some prompt reached
-        self.prompt_states: set[TreeNode] = set()  # states added at a prompt position
-
-    def state_keys(self, end: int) -> list[tuple[Hashable, ...]]:
-        return [("st", end, g) for g in range(self.rules.state_groups)]
-
-    # TreeListener
-    def node_added(self, node: TreeNode) -> None:
-        parent = node.parent
-        start = self.spans[parent][1] if parent in self.spans else ROOT_HASH
-        self.spans[node] = (start, chain(start, node.key))
-
-    def node_split(self, upper: TreeNode, lower: TreeNode) -> None:
-        start, end = self.spans[lower]
-        mid = chain(start, upper.key)
-        self.spans[upper] = (start, mid)
-        self.spans[lower] = (mid, end)
-
-    def node_removed(self, node: TreeNode) -> None:
-        start, _ = self.spans.pop(node)
-        self.prompt_states.discard(node)
-        h = start
-        for u in node.key:
-            h = hash((h, u))
-            self.tiers.demote(("kv", h), self.kv_unit_bytes)
-
-    def state_added(self, node: TreeNode) -> None:
-        if self.spans[node][1] in self.prompt_ends:
-            self.prompt_states.add(node)
-
-    def state_removed(self, node: TreeNode) -> None:
-        at_prompt = node in self.prompt_states
-        self.prompt_states.discard(node)
-        if self.rules.states == PROMPT_STATES and not at_prompt:
-            return  # vLLM offloads no decode-phase state (vllm #56972)
-        for key in self.state_keys(self.spans[node][1]):
-            self.tiers.demote(key, self.group_bytes)
-
-    def tree_reset(self) -> None:
-        self.spans.clear()
-        self.prompt_states.clear()
+def byte_tiers(host_bytes: int, store_bytes: int, kv_share: float | None) -> LowerTiers:
+    """The replay's tiers: byte budgets, writes instant (no sink)."""
+    return LowerTiers(LowerTier(HOST, host_bytes, kv_share), LowerTier(STORE, store_bytes, kv_share))
 
 
 class TieredCache:
@@ -210,11 +114,18 @@ class TieredCache:
             kv_share = auto_kv_share(
                 int(cfg.host_gb * 1e9), per_token, state_bytes, cfg.chunk_tokens, cfg.max_running
             )
-        self.tiers = LowerTiers(int(cfg.host_gb * 1e9), int(cfg.store_gb * 1e9), kv_share)
+        self.tiers = byte_tiers(int(cfg.host_gb * 1e9), int(cfg.store_gb * 1e9), kv_share)
         self.host_path, self.store_path = load_tiers(
             cfg.host_gbps, cfg.host_latency_us, cfg.store_gbps, cfg.store_latency_us
         )
-        self.tracker = TierTracker(self.tiers, kv_unit_bytes, state_bytes, rules)
+        self.tracker = TierTracker(
+            self.tiers,
+            kv_unit_bytes,
+            state_bytes,
+            rules.state_groups,
+            prompt_only=rules.states == PROMPT_STATES,
+        )
+        self.residency = Residency(self.tiers, self.tracker, cache.page_size)
         cache.tree.add_listener(self.tracker)
         self.loads: dict[Request, Load] = {}
         self.adopt: Any = None  # the policy's `adopt_loaded`, when it keeps block books
@@ -223,29 +134,8 @@ class TieredCache:
     # ------------------------------------------------------------------ lookup
 
     def plan(self, key: Any, start: int, kv_on_device: int) -> list[Candidate]:
-        """Every depth past `start` a load could restore (module docstring)."""
-        tiers, page = self.tiers, self.cache.page_size
-        out: list[Candidate] = []
-        h, kv_host, kv_store = ROOT_HASH, 0, 0
-        for i, u in enumerate(key, 1):
-            h = hash((h, u))
-            if i > kv_on_device:
-                where = tiers.where(("kv", h))
-                if where is None:
-                    break
-                if where == HOST:
-                    kv_host += self.kv_unit_bytes
-                else:
-                    kv_store += self.kv_unit_bytes
-            if i <= start or i % page:
-                continue
-            places = [tiers.where(k) for k in self.tracker.state_keys(h)]
-            if None in places:
-                continue
-            st_store = places.count(STORE) * self.tracker.group_bytes
-            st_host = places.count(HOST) * self.tracker.group_bytes
-            out.append(Candidate(i, kv_host + st_host, kv_store + st_store))
-        return out
+        """Every depth past `start` a load could restore (`Residency.plan`)."""
+        return self.residency.plan(key, start, kv_on_device)
 
     def load_seconds(self, c: Candidate) -> float:
         host = self.host_path.links[0]
@@ -273,14 +163,8 @@ class TieredCache:
         return best
 
     def usable(self, key: Any, depth: int, kv_on_device: int) -> bool:
-        """Every group of the state at `depth` below, and the KV of every unit to it on
-        the device or below: the only hit a load may give."""
-        h = ROOT_HASH
-        for i in range(depth):
-            h = hash((h, key[i]))
-            if i + 1 > kv_on_device and self.tiers.where(("kv", h)) is None:
-                return False
-        return all(self.tiers.where(k) is not None for k in self.tracker.state_keys(h))
+        """`Residency.usable`: the only hit a load may give."""
+        return self.residency.usable(key, depth, kv_on_device)
 
     # ----------------------------------------------------------------- restore
 
@@ -295,45 +179,29 @@ class TieredCache:
             self.restore(req, key, choice)
 
     def _note_prompt(self, key: Any) -> None:
-        if self.rules.states == PROMPT_STATES:
-            h = ROOT_HASH
-            for u in key:
-                h = hash((h, u))
-                self.tracker.prompt_ends.add(h)
+        self.residency.note_prompt(key)
 
     def restore(self, req: Request, key: Any, choice: Candidate) -> None:
-        tree, cache = self.cache.tree, self.cache
-        m = tree.match_prefix(key, req.extra_key, read_only=True)
-        start = m.prefix_len
-        lock = tree.inc_lock_ref(m.node) if start else None
-        try:
-            got = self._alloc(choice.depth - start)
-        finally:
-            if lock is not None:
-                tree.dec_lock_ref(lock)
-        if got is None:
+        loaded: list[Candidate] = []
+
+        def account(start: int, kv_on_device: int, kv: Any, slot: int) -> None:
+            cands = [c for c in self.plan(key, start, kv_on_device) if c.depth == choice.depth]
+            loaded.append(cands[0])
+
+        done = restore_through(
+            self.cache, key, req.extra_key, choice.depth, self.usable, account
+        )
+        if done is None:
             self.tiers.stats.failed += 1
             return
-        kv, slot = got
-        m = tree.match_prefix(key, req.extra_key, read_only=True)  # allocation may evict
-        if m.prefix_len != start or not self.usable(key, choice.depth, m.kv_hit_len):
-            cache.kv.free(kv)
-            cache.slots.free([slot])
-            self.tiers.stats.failed += 1
-            return
-        cands = [c for c in self.plan(key, start, m.kv_hit_len) if c.depth == choice.depth]
-        load = cands[0]
+        start, result, load = done.start, done.result, loaded[0]
+        if result.node is not None and not result.state_existed:
+            self.residency.restored(result.node, choice.depth, key)
         tier = STORE if load.store_bytes else HOST
-        values = array("q", m.kv_indices) + array("q", kv)
-        result = tree.insert(key[: choice.depth], values, slot, start, req.extra_key)
-        if result.freed_kv:
-            cache.kv.free(result.freed_kv)
-        if result.state_existed:
-            cache.slots.free([slot])
         if self.adopt is not None:  # a policy with its own block books (vLLM's)
-            kept = None if result.state_existed else slot
-            self.adopt(key, start, array("q", kv), set(result.freed_kv), kept)
-        self._touch(key, choice.depth)
+            kept = None if result.state_existed else done.slot
+            self.adopt(key, start, done.kv, set(result.freed_kv), kept)
+        self.residency.touch(key, choice.depth)
         seconds = self.load_seconds(load)
         stats = self.tiers.stats
         stats.loads[tier] += 1
@@ -341,27 +209,6 @@ class TieredCache:
         stats.loaded_bytes[STORE] += load.store_bytes
         prev = self.loads.get(req)
         self.loads[req] = Load(start, choice.depth, tier, seconds + (prev.seconds if prev else 0))
-
-    def _alloc(self, units: int) -> tuple[Any, int] | None:
-        cache = self.cache
-        cache.evict_kv_for(units)
-        kv = cache.kv.alloc(units)
-        if kv is None:
-            return None
-        slot = cache.alloc_slot()
-        if slot is None:
-            cache.kv.free(kv)
-            return None
-        return kv, slot
-
-    def _touch(self, key: Any, depth: int) -> None:
-        h = ROOT_HASH
-        for i in range(depth):
-            h = hash((h, key[i]))
-            if self.tiers.where(("kv", h)) is not None:
-                self.tiers.touch(("kv", h))
-        for k in self.tracker.state_keys(h):
-            self.tiers.touch(k)
 
     # ----------------------------------------------------------------- results
 
@@ -376,7 +223,7 @@ class TieredCache:
         """The tiers' bytes, and the device's own books: the lifecycle's conservation, or
         the block pool's for a policy that keeps one (vLLM's: its cached blocks are not
         the lifecycle's)."""
-        self.tiers.check()
+        self.residency.check_invariants()
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.check()

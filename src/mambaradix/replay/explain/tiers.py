@@ -3,7 +3,7 @@
 A `TierWatch` hooks one serving model's `TieredCache` through its own methods
 (instance attributes shadow them; the replay's results are unchanged):
 
-* `LowerTiers.demote`: every state a lower tier (host or store) took, by the
+* `LowerTiers.demote` (`lifecycle.tiers`): every state a lower tier (host or store) took, by the
   prefix hash it is kept under (`below`: what the tiers ever held);
 * `TieredCache.pick`: the candidates a request's lookup found below (each a
   depth a load could restore: its state, every group, below and the KV of every
@@ -54,8 +54,8 @@ class TierWatch:
             tiered.before_match,
         )
 
-        def demoted(key: tuple[Hashable, ...], nbytes: int) -> None:
-            demote(key, nbytes)
+        def demoted(key: tuple[Hashable, ...], nbytes: int, source: int | None = None) -> None:
+            demote(key, nbytes, source)
             # a state larger than every tier passes through them: never held
             if key[0] == "st" and tiers.where(key) is not None:
                 h = key[1]

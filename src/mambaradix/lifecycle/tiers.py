@@ -1,0 +1,368 @@
+"""Residency below the device tree: what the tree lets go of is demoted into lower tiers
+(host L2, store L3), and a request's prefix is looked up down the tiers. The replay and the
+engine use the same decisions; they differ in how they carry them out (the replay accounts
+bytes and seconds, the engine moves bytes between its pools).
+
+Keys: a content hash chain over units (like SGLang HiCache's page-hash chain): the unit of
+KV whose prefix hashes to `h` is `("kv", h)`, group `g` of the state at the end of prefix
+`h` is `("st", h, g)` (one group unless a state is kept per vLLM Mamba group). Equal
+prefixes give equal keys, so the tiers are inclusive: an entry loaded back stays below
+until its LRU drops it.
+
+* `TierTracker` is a tree listener: each node's (start, end) prefix hashes; when the tree
+  lets go of a node's KV (`node_removed`) or its state (`state_removed`) it demotes them,
+  naming the device unit they sit in (a KV index, a state slot).
+* `LowerTiers` holds the host and store LRUs (`tier_lru`): what the host drops goes to the
+  store, what the store drops is gone. With a `sink` it reports every move as an action
+  (`Demote`, `Drop`), in the order the caller must carry them out, and an entry becomes
+  visible in a tier (`where`) only when the caller reports its bytes written there
+  (`written`): publish after write. Without a sink (the replay) a write is instant.
+* `Residency` looks a key up: every depth a load could restore (`plan`), the check that a
+  depth is usable (`usable`), and, for the chosen depth, where each piece comes from
+  (`restore_plan`). `tier_restore.restore` carries a load out through a `CacheManager`.
+
+Invariants (`Residency.check_invariants`): each tier's bytes never exceed its capacity and
+equal its entries'; an entry not yet written is reserved in its tier's LRU (and not
+visible); a restored state still in the tree sits at the depth and on the prefix hash it
+was restored for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from mambaradix.core.node import TreeNode
+from mambaradix.lifecycle.tier_lru import LowerTier
+
+ROOT_HASH = 0
+HOST, STORE = "host", "store"
+Key = tuple[Hashable, ...]
+
+
+def chain(start: int, units: Iterable[int]) -> int:
+    """The prefix hash after `units`, from `start`."""
+    h = start
+    for u in units:
+        h = hash((h, u))
+    return h
+
+
+def node_depth(node: TreeNode) -> int:
+    """Units from the root to the end of `node`."""
+    depth = 0
+    while node.parent is not None:
+        depth += len(node.key)
+        node = node.parent
+    return depth
+
+
+# ----------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Demote:
+    """Write `key`'s bytes into `tier`: from device unit `source` (a KV index, a state
+    slot) or, when `source` is None, from its copy in the host (host -> store). Visible
+    there once the caller calls `LowerTiers.written(key, tier)`."""
+
+    key: Key
+    tier: str
+    nbytes: int
+    source: int | None
+
+
+@dataclass(frozen=True)
+class Drop:
+    """`key` left `tier`: its bytes there may be reused."""
+
+    key: Key
+    tier: str
+
+
+Action = Demote | Drop
+Sink = Callable[[Action], None]
+
+
+@dataclass
+class TierStats:
+    loads: dict[str, int] = field(default_factory=lambda: {HOST: 0, STORE: 0})
+    loaded_bytes: dict[str, int] = field(default_factory=lambda: {HOST: 0, STORE: 0})
+    recomputed: int = 0  # hits below the rule chose to recompute
+    failed: int = 0  # restores with no device memory for them
+    demoted_bytes: dict[str, int] = field(default_factory=lambda: {HOST: 0, STORE: 0})
+    dropped_bytes: int = 0  # fell out of the last tier
+
+
+class LowerTiers:
+    """The host and store LRUs, demotion between them, and the actions it takes."""
+
+    def __init__(self, host: LowerTier, store: LowerTier, sink: Sink | None = None) -> None:
+        self.host, self.store = host, store
+        self.stats = TierStats()
+        self.sink = sink
+        self.unwritten: set[tuple[str, Key]] = set()  # (tier, key) reserved, not yet written
+
+    def where(self, key: Key) -> str | None:
+        """The highest tier holding `key`'s written bytes, or None."""
+        pending = self.unwritten
+        if key in self.host and not (pending and (HOST, key) in pending):
+            return HOST
+        if key in self.store and not (pending and (STORE, key) in pending):
+            return STORE
+        return None
+
+    def demote(self, key: Key, nbytes: int, source: int | None = None) -> None:
+        """`key` (in device unit `source`) leaves the device: into the host, what the host
+        drops into the store (a key larger than the host goes straight there)."""
+        if key in self.host:
+            self.host.touch(key)
+            return
+        self.stats.demoted_bytes[HOST] += nbytes
+        for old, size in self.host.put(key, nbytes):
+            if old == key:  # larger than the host: from the device to the store
+                self._to_store(key, size, source)
+                continue
+            assert isinstance(old, tuple)
+            self._to_store(old, size, None)  # copied from the host before the host drops it
+            self._drop(old, HOST)
+        if key in self.host:
+            self._write(key, HOST, nbytes, source)
+
+    def _to_store(self, key: Key, nbytes: int, source: int | None) -> None:
+        if key in self.store:
+            self.store.touch(key)
+            return
+        self.stats.demoted_bytes[STORE] += nbytes
+        for old, size in self.store.put(key, nbytes):
+            self.stats.dropped_bytes += size
+            if old != key:
+                assert isinstance(old, tuple)
+                self._drop(old, STORE)
+        if key in self.store:
+            self._write(key, STORE, nbytes, source)
+
+    def _write(self, key: Key, tier: str, nbytes: int, source: int | None) -> None:
+        if self.sink is not None:
+            self.unwritten.add((tier, key))
+            self.sink(Demote(key, tier, nbytes, source))
+
+    def _drop(self, key: Key, tier: str) -> None:
+        if self.sink is not None:
+            self.unwritten.discard((tier, key))
+            self.sink(Drop(key, tier))
+
+    def written(self, key: Key, tier: str) -> None:
+        """The caller wrote `key`'s bytes into `tier`: from now on `where` finds them."""
+        if (tier, key) not in self.unwritten:
+            raise ValueError(f"{key!r} is not being written to the {tier}")
+        self.unwritten.discard((tier, key))
+
+    def touch(self, key: Key) -> None:
+        tier = self.host if key in self.host else self.store
+        tier.touch(key)
+
+    def check(self) -> None:
+        self.host.check()
+        self.store.check()
+        for tier, key in self.unwritten:
+            if key not in (self.host if tier == HOST else self.store):
+                raise AssertionError(f"{key!r} is being written to the {tier} but not reserved")
+
+
+# ----------------------------------------------------------------------- tracker
+
+
+class TierTracker:
+    """A tree listener: each node's prefix hashes; demotes what the tree lets go of.
+    `prompt_only`: demote only states at positions some prompt reached (`note_prompt`;
+    vLLM offloads no decode-phase state, vllm #56972). `state_groups`: entries per state."""
+
+    def __init__(
+        self,
+        tiers: LowerTiers,
+        kv_unit_bytes: int,
+        state_bytes: int,
+        state_groups: int = 1,
+        prompt_only: bool = False,
+    ) -> None:
+        self.tiers, self.state_groups, self.prompt_only = tiers, state_groups, prompt_only
+        self.kv_unit_bytes = kv_unit_bytes
+        self.group_bytes = -(-state_bytes // state_groups)
+        self.spans: dict[TreeNode, tuple[int, int]] = {}  # node -> (start hash, end hash)
+        self.slots: dict[TreeNode, int] = {}  # node -> its state's slot (gone at a tombstone)
+        self.prompt_ends: set[int] = set()  # prefix hashes some prompt reached
+        self.prompt_states: set[TreeNode] = set()  # states added at a prompt position
+        self.restored: dict[TreeNode, tuple[int, int]] = {}  # node -> (depth, hash) loaded
+
+    def state_keys(self, end: int) -> list[Key]:
+        return [("st", end, g) for g in range(self.state_groups)]
+
+    # TreeListener
+    def node_added(self, node: TreeNode) -> None:
+        parent = node.parent
+        start = self.spans[parent][1] if parent in self.spans else ROOT_HASH
+        self.spans[node] = (start, chain(start, node.key))
+
+    def node_split(self, upper: TreeNode, lower: TreeNode) -> None:
+        start, end = self.spans[lower]
+        mid = chain(start, upper.key)
+        self.spans[upper] = (start, mid)
+        self.spans[lower] = (mid, end)
+
+    def node_removed(self, node: TreeNode) -> None:
+        start, _ = self.spans.pop(node)
+        self.prompt_states.discard(node)
+        self.restored.pop(node, None)
+        h, demote, nbytes = start, self.tiers.demote, self.kv_unit_bytes
+        for u, index in zip(node.key, node.value, strict=True):
+            h = hash((h, u))
+            demote(("kv", h), nbytes, index)
+
+    def state_added(self, node: TreeNode) -> None:
+        if node.state is not None:
+            self.slots[node] = node.state
+        if self.spans[node][1] in self.prompt_ends:
+            self.prompt_states.add(node)
+
+    def state_removed(self, node: TreeNode) -> None:
+        slot = self.slots.pop(node, None)
+        at_prompt = node in self.prompt_states
+        self.prompt_states.discard(node)
+        self.restored.pop(node, None)
+        if self.prompt_only and not at_prompt:
+            return  # vLLM offloads no decode-phase state (vllm #56972)
+        for key in self.state_keys(self.spans[node][1]):
+            self.tiers.demote(key, self.group_bytes, slot)
+
+    def tree_reset(self) -> None:
+        self.spans.clear()
+        self.slots.clear()
+        self.prompt_states.clear()
+        self.restored.clear()
+
+
+# ----------------------------------------------------------------------- lookup
+
+
+@dataclass
+class Candidate:
+    depth: int  # units
+    host_bytes: int  # bytes the load takes from the host
+    store_bytes: int  # bytes it takes from the store (they cross the host link too)
+    saved_s: float = 0.0  # recompute seconds - load seconds (the replay's rule)
+    load_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """Where each piece of a load to `depth` (prefix hash `end`) comes from: the KV units
+    past the device's (index along the key, content key, tier), then the state's groups."""
+
+    depth: int
+    end: int
+    kv: list[tuple[int, Key, str]]
+    state: list[tuple[Key, str]]
+
+
+class Residency:
+    """The tiers and their tracker, and the lookups of a key down the tiers (module
+    docstring). `page`: the tree's page; a restored depth is on its grid."""
+
+    def __init__(self, tiers: LowerTiers, tracker: TierTracker, page: int) -> None:
+        self.tiers, self.tracker, self.page = tiers, tracker, page
+
+    def plan(self, key: Sequence[int], start: int, kv_on_device: int) -> list[Candidate]:
+        """Every depth past `start`, on the page grid, whose state (every group of it) is
+        below and whose every unit of KV is on the device (the first `kv_on_device`) or
+        below; by depth."""
+        tiers, page, kv_bytes = self.tiers, self.page, self.tracker.kv_unit_bytes
+        group_bytes, state_keys = self.tracker.group_bytes, self.tracker.state_keys
+        out: list[Candidate] = []
+        h, kv_host, kv_store = ROOT_HASH, 0, 0
+        for i, u in enumerate(key, 1):
+            h = hash((h, u))
+            if i > kv_on_device:
+                where = tiers.where(("kv", h))
+                if where is None:
+                    break
+                if where == HOST:
+                    kv_host += kv_bytes
+                else:
+                    kv_store += kv_bytes
+            if i <= start or i % page:
+                continue
+            places = [tiers.where(k) for k in state_keys(h)]
+            if None in places:
+                continue
+            st_store = places.count(STORE) * group_bytes
+            st_host = places.count(HOST) * group_bytes
+            out.append(Candidate(i, kv_host + st_host, kv_store + st_store))
+        return out
+
+    def usable(self, key: Sequence[int], depth: int, kv_on_device: int) -> bool:
+        """Every group of the state at `depth` below, and the KV of every unit to it on
+        the device or below: the only hit a load may give."""
+        h = ROOT_HASH
+        for i in range(depth):
+            h = hash((h, key[i]))
+            if i + 1 > kv_on_device and self.tiers.where(("kv", h)) is None:
+                return False
+        return all(self.tiers.where(k) is not None for k in self.tracker.state_keys(h))
+
+    def restore_plan(self, key: Sequence[int], depth: int, kv_on_device: int) -> RestorePlan:
+        """Where each piece of a load to `depth` comes from (ValueError if it is not
+        `usable`)."""
+        where = self.tiers.where
+        kv: list[tuple[int, Key, str]] = []
+        h = ROOT_HASH
+        for i in range(depth):
+            h = hash((h, key[i]))
+            if i + 1 > kv_on_device:
+                tier = where(("kv", h))
+                if tier is None:
+                    raise ValueError(f"unit {i} of a load to depth {depth} is in no tier")
+                kv.append((i, ("kv", h), tier))
+        state = []
+        for k in self.tracker.state_keys(h):
+            tier = where(k)
+            if tier is None:
+                raise ValueError(f"the state at depth {depth} is in no tier")
+            state.append((k, tier))
+        return RestorePlan(depth, h, kv, state)
+
+    def touch(self, key: Sequence[int], depth: int) -> None:
+        """A load used the path to `depth`: its entries become the most recent."""
+        h = ROOT_HASH
+        for i in range(depth):
+            h = hash((h, key[i]))
+            if self.tiers.where(("kv", h)) is not None:
+                self.tiers.touch(("kv", h))
+        for k in self.tracker.state_keys(h):
+            self.tiers.touch(k)
+
+    def note_prompt(self, key: Sequence[int]) -> None:
+        """With `prompt_only`: the prefix hashes a prompt reaches."""
+        if self.tracker.prompt_only:
+            h = ROOT_HASH
+            for u in key:
+                h = hash((h, u))
+                self.tracker.prompt_ends.add(h)
+
+    def restored(self, node: TreeNode, depth: int, key: Sequence[int]) -> None:
+        """A load put a state at `node` for `key[:depth]` (AssertionError unless the node
+        ends there)."""
+        end = chain(ROOT_HASH, key[:depth])
+        self.tracker.restored[node] = (depth, end)
+        self._check_restored(node, depth, end)
+
+    def _check_restored(self, node: TreeNode, depth: int, end: int) -> None:
+        if node_depth(node) != depth or self.tracker.spans[node][1] != end:
+            raise AssertionError(f"a state restored for depth {depth} sits at {node!r}")
+
+    def check_invariants(self) -> None:
+        """The tiers' bytes and reservations; every restored state still in the tree at its
+        depth and prefix hash (AssertionError)."""
+        self.tiers.check()
+        for node, (depth, end) in self.tracker.restored.items():
+            self._check_restored(node, depth, end)
