@@ -1,0 +1,241 @@
+"""`lifecycle.tiers` against a brute-force model, step by step (Hypothesis stateful test).
+
+A real tree and `CacheManager` (small pools, so inserts evict) with the residency layer's
+tracker attached and a sink that queues its actions, carried out as the engine does: the
+queue is executed right after each eviction, before the device units are freed (a copy of
+their "bytes"), but a write is reported done (`written`) only in a later step, so entries
+stay in flight for a while. The "bytes" of a device unit are the token prefix it stands
+for (a KV unit: the tokens to it; a state: the tokens it consumed), kept by the test.
+
+Checked after every step, against the model (prefix tuples, no hashing):
+* every entry the layer says is visible holds the bytes of its key: the prefix whose
+  hash chain is the key (so nothing is ever labelled with another prefix);
+* an entry in flight is never visible (publish after write);
+* everything that ever left the device is visible, in flight, or was dropped by an LRU;
+* `plan` lists exactly the depths the definition gives, computed here from prefixes;
+* every KV index and state slot on the device holds its own path's prefix (restores
+  included), `check_invariants()` and the device pools' conservation.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable
+from typing import Any
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from mambaradix.core.tree import MambaRadixCache
+from mambaradix.lifecycle import CacheManager, lru_evictor
+from mambaradix.lifecycle.tier_lru import LowerTier
+from mambaradix.lifecycle.tier_restore import restore
+from mambaradix.lifecycle.tiers import (
+    HOST,
+    STORE,
+    Demote,
+    Drop,
+    LowerTiers,
+    Residency,
+    TierTracker,
+)
+from mambaradix.pools import ReqToTokenTable, StateSlotAllocator, TokenKVAllocator
+
+KV_BYTES, ST_BYTES = 1, 10
+SEQS = st.lists(st.integers(0, 2), min_size=1, max_size=9)
+Prefix = tuple[int, ...]
+
+
+class NoStates:
+    def copy(self, src: Any, dst: Any) -> None: ...
+    def clear(self, slots: Any) -> None: ...
+
+
+def key_hash(prefix: Prefix) -> int:
+    """The chain hash of a prefix, from its definition: hash((h, unit)) from 0."""
+    h = 0
+    for u in prefix:
+        h = hash((h, u))
+    return h
+
+
+class ResidencyMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tree = MambaRadixCache(page_size=1)
+        self.cache = CacheManager(
+            self.tree, TokenKVAllocator(24), StateSlotAllocator(4), NoStates(),
+            ReqToTokenTable(1, 32), evictor=self.evict,
+        )  # fmt: skip
+        host = LowerTier(HOST, 8 * KV_BYTES + 2 * ST_BYTES, kv_bytes=8 * KV_BYTES)
+        store = LowerTier(STORE, 12 * KV_BYTES + 3 * ST_BYTES, kv_bytes=12 * KV_BYTES)
+        self.queue: list[Any] = []
+        self.tiers = LowerTiers(host, store, sink=self.queue.append)
+        self.tracker = TierTracker(self.tiers, KV_BYTES, ST_BYTES)
+        self.res = Residency(self.tiers, self.tracker, page=1)
+        self.tree.add_listener(self.tracker)
+        self.device_kv: dict[int, Prefix] = {}  # KV index -> its bytes
+        self.device_st: dict[int, Prefix] = {}  # state slot -> its bytes
+        self.below: dict[tuple[str, Hashable], Prefix] = {}  # (tier, key) -> bytes written
+        self.in_flight: set[tuple[str, Hashable]] = set()
+        self.left: set[tuple[str, Prefix]] = set()  # ("kv"|"st", prefix) that left the device
+        self.dropped: set[tuple[str, Hashable]] = set()
+
+    # ---------------------------------------------------------------- execution
+
+    def evict(self, tree: MambaRadixCache, kv: int, states: int) -> Any:
+        before = self.on_device()
+        result = lru_evictor(tree, kv, states)
+        self.left |= before - self.on_device()
+        self.execute()  # before the caller frees the units
+        return result
+
+    def execute(self) -> None:
+        while self.queue:
+            a = self.queue.pop(0)
+            if isinstance(a, Drop):
+                self.below.pop((a.tier, a.key))
+                self.in_flight.discard((a.tier, a.key))
+                if a.tier == STORE:
+                    self.dropped.add(a.key)
+                continue
+            assert isinstance(a, Demote)
+            if a.source is None:  # host -> store
+                data = self.below[(HOST, a.key)]
+            else:
+                data = (self.device_kv if a.key[0] == "kv" else self.device_st)[a.source]
+            self.below[(a.tier, a.key)] = data
+            self.in_flight.add((a.tier, a.key))
+
+    def on_device(self) -> set[tuple[str, Prefix]]:
+        out = {("kv", p) for p in self.device_kv.values()}
+        return out | {("st", p) for p in self.device_st.values()}
+
+    # -------------------------------------------------------------------- rules
+
+    @rule(seq=SEQS)
+    def insert(self, seq: list[int]) -> None:
+        m = self.tree.match_prefix(seq, read_only=True)
+        n = len(seq) - m.prefix_len
+        lock = self.tree.inc_lock_ref(m.node) if m.prefix_len else None
+        self.cache.evict_kv_for(n)
+        kv = self.cache.kv.alloc(n)
+        slot = self.cache.alloc_slot() if kv is not None else None
+        if lock is not None:
+            self.tree.dec_lock_ref(lock)
+        if kv is None or slot is None:
+            if kv is not None:
+                self.cache.kv.free(kv)
+            return
+        self.sync_freed()
+        for i, index in enumerate(kv):
+            self.device_kv[index] = tuple(seq[: m.prefix_len + i + 1])
+        self.device_st[slot] = tuple(seq)
+        r = self.tree.insert(seq, array("q", m.kv_indices) + kv, slot, m.prefix_len)
+        self.free(r.freed_kv, [slot] if r.state_existed else [])
+
+    @rule(n=st.integers(1, 3))
+    def evict_states(self, n: int) -> None:
+        self.cache.evict_states_for(self.cache.slots.available_size() + n)
+        self.sync_freed()
+
+    @rule()
+    def complete_writes(self) -> None:
+        for tier, key in sorted(self.in_flight, key=repr):
+            self.tiers.written(key, tier)
+        self.in_flight.clear()
+
+    @rule(seq=SEQS)
+    def lookup_and_restore(self, seq: list[int]) -> None:
+        m = self.tree.match_prefix(seq, read_only=True)
+        got = [c.depth for c in self.res.plan(seq, m.prefix_len, m.kv_hit_len)]
+        assert got == self.brute_force_plan(seq, m.prefix_len, m.kv_hit_len)
+        if not got:
+            return
+
+        def load(start: int, kv_on_device: int, kv: Any, slot: int) -> None:
+            p = self.res.restore_plan(seq, got[-1], kv_on_device)
+            for i, key, tier in p.kv:
+                self.device_kv[kv[i - start]] = self.below[(tier, key)]
+            (key, tier), = p.state
+            self.device_st[slot] = self.below[(tier, key)]
+
+        done = restore(self.cache, seq, None, got[-1], self.res.usable, load)
+        self.sync_freed()  # restore gave back the duplicates it did not insert
+        if done is not None:
+            assert done.result.node is not None
+            self.res.restored(done.result.node, got[-1], seq)
+            self.res.touch(seq, got[-1])
+
+    def free(self, kv: Any, slots: list[int]) -> None:
+        for i in kv:
+            del self.device_kv[i]
+        self.cache.kv.free(kv)
+        for s in slots:
+            del self.device_st[s]
+        self.cache.slots.free(slots)
+
+    def sync_freed(self) -> None:
+        """Forget the bytes of units the pools got back."""
+        for i in [i for i in self.device_kv if self.cache.kv.is_free(i)]:
+            del self.device_kv[i]
+        for s in [s for s in self.device_st if self.cache.slots.is_free(s)]:
+            del self.device_st[s]
+
+    # ----------------------------------------------------------------- the model
+
+    def visible(self, kind: str, prefix: Prefix) -> bool:
+        key = ("kv", key_hash(prefix)) if kind == "kv" else ("st", key_hash(prefix), 0)
+        return any(
+            (t, key) in self.below and (t, key) not in self.in_flight
+            and self.below[(t, key)] == prefix for t in (HOST, STORE)
+        )  # fmt: skip
+
+    def brute_force_plan(self, seq: list[int], start: int, kv_on_device: int) -> list[int]:
+        out = []
+        for d in range(start + 1, len(seq) + 1):
+            kv_ok = all(self.visible("kv", tuple(seq[:i])) for i in range(kv_on_device + 1, d + 1))
+            if kv_ok and self.visible("st", tuple(seq[:d])):
+                out.append(d)
+        return out
+
+    @invariant()
+    def layer_matches_the_model(self) -> None:
+        assert not self.queue
+        self.res.check_invariants()
+        for (tier, key), data in self.below.items():
+            shown = self.tiers.where(key) is not None
+            want = ("kv", key_hash(data)) if key[0] == "kv" else ("st", key_hash(data), 0)
+            assert key == want  # the bytes under a key are that key's prefix
+            if (tier, key) in self.in_flight:
+                other = HOST if tier == STORE else STORE
+                assert not shown or ((other, key) in self.below and (other, key) not in
+                                     self.in_flight)  # fmt: skip
+            else:
+                assert shown
+        held = {k for (_, k) in self.below}
+        for kind, prefix in self.left:
+            key = ("kv", key_hash(prefix)) if kind == "kv" else ("st", key_hash(prefix), 0)
+            assert key in held or key in self.dropped or ("kv" if kind == "kv" else "st",
+                                                          prefix) in self.on_device()
+
+    @invariant()
+    def device_holds_its_paths(self) -> None:
+        self.cache.check_conservation()
+        self.tree.check_invariants()
+        stack = [(self.tree.root, ())]
+        while stack:
+            node, prefix = stack.pop()
+            for child in node.children.values():
+                path = prefix + tuple(child.key)
+                for i, index in enumerate(child.value):
+                    assert self.device_kv[index] == path[: len(prefix) + i + 1]
+                if child.state is not None:
+                    assert self.device_st[child.state] == path
+                stack.append((child, path))
+
+
+ResidencyMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40,
+                                              deadline=None)  # fmt: skip
+test_residency_against_a_brute_force_model = ResidencyMachine.TestCase
