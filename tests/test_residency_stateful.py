@@ -158,7 +158,7 @@ class ResidencyMachine(RuleBasedStateMachine):
             p = self.res.restore_plan(seq, got[-1], kv_on_device)
             for i, key, tier in p.kv:
                 self.device_kv[kv[i - start]] = self.below[(tier, key)]
-            (key, tier), = p.state
+            ((key, tier),) = p.state
             self.device_st[slot] = self.below[(tier, key)]
 
         done = restore(self.cache, seq, None, got[-1], self.res.usable, load)
@@ -217,8 +217,7 @@ class ResidencyMachine(RuleBasedStateMachine):
         held = {k for (_, k) in self.below}
         for kind, prefix in self.left:
             key = ("kv", key_hash(prefix)) if kind == "kv" else ("st", key_hash(prefix), 0)
-            assert key in held or key in self.dropped or ("kv" if kind == "kv" else "st",
-                                                          prefix) in self.on_device()
+            assert key in held or key in self.dropped or (kind, prefix) in self.on_device()
 
     @invariant()
     def device_holds_its_paths(self) -> None:

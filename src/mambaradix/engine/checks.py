@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "check_engine_args",
     "check_generate_args",
+    "check_host_tier",
     "kv_need",
     "memory_shortfall",
     "min_state_slots",
@@ -45,6 +46,20 @@ def min_state_slots(prefix_cache: bool, strategy: str = "no_buffer") -> int:
     track slots and, with the cache on, the cached state it matched (locked
     while its copy is made)."""
     return slots_alone(TRACK_SLOTS if strategy == "extra_buffer" else 0, reuses=prefix_cache)
+
+
+def check_host_tier(prefix_cache: bool, state_slots: Any, kv_tokens: Any) -> bool:
+    """Whether the engine has a host tier: `host_state_slots` and `host_kv_tokens` both 0
+    (none) or both > 0 with the cache on (ValueError naming the parameter otherwise)."""
+    slots, tokens = as_count(state_slots, "host_state_slots"), as_count(kv_tokens, "host_kv_tokens")
+    if not slots and not tokens:
+        return False
+    for name, value in (("host_state_slots", slots), ("host_kv_tokens", tokens)):
+        if not value:
+            raise ValueError(f"{name} must be > 0 when the other host pool is (got 0)")
+    if not prefix_cache:
+        raise ValueError("host_state_slots / host_kv_tokens need prefix_cache=True")
+    return True
 
 
 def check_engine_args(**kw: Any) -> None:

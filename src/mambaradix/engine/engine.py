@@ -27,11 +27,17 @@ import torch
 from mambaradix.core.compat import is_sglang, resolve_compat
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.engine.adapter import PoolAdapter
-from mambaradix.engine.checks import check_engine_args, check_generate_args, memory_shortfall
+from mambaradix.engine.checks import (
+    check_engine_args,
+    check_generate_args,
+    check_host_tier,
+    memory_shortfall,
+)
 from mambaradix.engine.deterministic import GridCheckpoints
 from mambaradix.engine.device import check_dtype, check_net, resolve_device
 from mambaradix.engine.forward import TorchForward
 from mambaradix.engine.models import build_model
+from mambaradix.engine.tiers import HostTier, TierLookup
 from mambaradix.lifecycle import CacheManager, Evictor, Request, lru_evictor
 from mambaradix.pools import (
     PagedKVAllocator,
@@ -103,6 +109,11 @@ class Engine:
     (`mambaradix.engine.deterministic`), so the cache cannot change a prefill
     computation (no_buffer strategy only). keep_logits: keep the logits of
     every generated token in the results.
+
+    host_state_slots / host_kv_tokens: a host-memory tier (L2, `engine.tiers`):
+    states and KV tokens the device tree evicts are copied into host pools of
+    that many slots and tokens, and loaded back when a later request's prefix
+    is there (both 0: no host tier; both > 0 with the cache on).
     """
 
     def __init__(
@@ -129,6 +140,8 @@ class Engine:
         batch_decode: bool = True,
         deterministic: bool = False,
         keep_logits: bool = True,
+        host_state_slots: int = 0,
+        host_kv_tokens: int = 0,
     ) -> None:
         check_engine_args(
             model=model,
@@ -153,6 +166,7 @@ class Engine:
             sglang_rules=sglang_rules,
             net=net,
         )
+        host_tier = check_host_tier(prefix_cache, host_state_slots, host_kv_tokens)
         self.device = resolve_device(device)
         dtype = check_dtype(dtype)
         if net is not None:
@@ -176,6 +190,12 @@ class Engine:
             truncation_align_size=chunk_size if deterministic else None,
         )
         policy = self._policy(checkpoints, compat, chunk_size)
+        self.host_tier: HostTier | None = None
+        if host_tier:
+            self.host_tier = HostTier(
+                self.mgr, self.adapter, host_state_slots, host_kv_tokens, self.device
+            )
+            policy = TierLookup(policy, self.host_tier)  # type: ignore[assignment]
         self.scheduler = Scheduler(self.mgr, self.forward, policy, cfg)
         self._stats = dict.fromkeys(
             (
@@ -262,13 +282,17 @@ class Engine:
         s["evicted_kv_tokens"] = self.mgr.evictions["kv_tokens"]
         s["evicted_states"] = self.mgr.evictions["states"]
         s["evictions"] = s["evicted_kv_tokens"] + s["evicted_states"]
+        if self.host_tier is not None:
+            s |= {f"host_{k}": v for k, v in self.host_tier.stats.items()}
         return s
 
     def check(self) -> None:
         """Leak checks (raise AssertionError): conservation of KV indices and
-        state slots, and the tree's invariants."""
+        state slots, the tree's invariants, and the host tier's (`HostTier.check`)."""
         self.mgr.check_conservation()
         self.mgr.tree.check_invariants()
+        if self.host_tier is not None:
+            self.host_tier.check()
 
     def reset_cache(self) -> None:
         """Drop everything the tree caches (no request may be running)."""

@@ -1,0 +1,100 @@
+"""The engine with a host tier (`host_state_slots`, `host_kv_tokens`, `engine.tiers`), on
+both tiny models: device pools too small for the prompts, so the tree evicts into host
+memory and later prompts load their prefixes back; the host pools are small too, so the
+host drops entries as well. Every generation's tokens and fp32 logits equal, bit for bit,
+those of an engine that never caches (`deterministic=True`, one prompt per call: the same
+cells computed in the same shapes). After every call: the device pools' conservation, the
+tree's invariants, the host tier's (every host unit free or held by exactly one visible
+key, nothing in flight) and the residency layer's (`Engine.check`)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+
+from engine_device import ENGINE_DEVICE as DEVICE
+from engine_device import engine_net
+from mambaradix.engine import Engine
+
+GRID = 16
+NEW = 3
+
+
+@pytest.fixture(scope="module", params=["nemotron-h-tiny", "qwen3-next-tiny"])
+def net(request: pytest.FixtureRequest) -> Any:
+    return engine_net(request.param)
+
+
+def engine(net: Any, **kw: Any) -> Engine:
+    return Engine(
+        model=net.config.model_type, net=net, deterministic=True, chunk_size=GRID,
+        device=DEVICE, max_running=1, **kw,
+    )  # fmt: skip
+
+
+def prompts(seed: int, n: int) -> list[list[int]]:
+    """Turns over three 48-token heads, each with its own tail, in random order."""
+    rng = random.Random(seed)
+    heads = [[rng.randrange(1024) for _ in range(48)] for _ in range(3)]
+    out = []
+    for _ in range(n):
+        head = rng.choice(heads)
+        out.append(head[: rng.choice([33, 40, 48])] + [rng.randrange(1024) for _ in range(9)])
+    return out
+
+
+def same(a: Any, b: Any) -> bool:
+    return a.output_ids == b.output_ids and all(
+        torch.equal(x, y) for x, y in zip(a.logits, b.logits, strict=True)
+    )
+
+
+def run(net: Any, seed: int, n: int, host_slots: int, host_kv: int) -> Engine:
+    tiered = engine(
+        net, kv_tokens=128, state_slots=3, host_state_slots=host_slots, host_kv_tokens=host_kv
+    )
+    plain = engine(net, prefix_cache=False, kv_tokens=128, state_slots=3)
+    for p in prompts(seed, n):
+        (got,) = tiered.generate([p], max_new_tokens=NEW)
+        (want,) = plain.generate([p], max_new_tokens=NEW)
+        assert same(got, want)
+        tiered.check()
+    return tiered
+
+
+def test_host_round_trips_give_the_uncached_output(net: Any) -> None:
+    eng = run(net, seed=1, n=8, host_slots=4, host_kv=96)
+    s = eng.stats()
+    assert s["host_loads"] > 0 and s["host_loaded_kv_tokens"] > 0  # the host tier served
+    assert s["host_demoted_states"] > 4  # more than the host holds: it dropped some too
+    assert s["evicted_states"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [2, 3])
+def test_host_round_trips_under_pressure_on_more_seeds(net: Any, seed: int) -> None:
+    eng = run(net, seed=seed, n=14, host_slots=2, host_kv=48)
+    assert eng.stats()["host_loads"] > 0
+
+
+def test_without_a_host_tier_nothing_is_loaded(net: Any) -> None:
+    eng = engine(net, kv_tokens=128, state_slots=3)
+    assert eng.host_tier is None and "host_loads" not in eng.stats()
+
+
+@pytest.mark.parametrize(
+    "kw, named",
+    [
+        ({"host_state_slots": -1, "host_kv_tokens": 8}, "host_state_slots"),
+        ({"host_state_slots": 2, "host_kv_tokens": 0}, "host_kv_tokens"),
+        ({"host_state_slots": 0, "host_kv_tokens": 8}, "host_state_slots"),
+        ({"host_state_slots": 2, "host_kv_tokens": 8, "prefix_cache": False}, "prefix_cache"),
+        ({"host_state_slots": 2.5, "host_kv_tokens": 8}, "host_state_slots"),
+    ],
+)
+def test_bad_host_tier_input_names_the_parameter(net: Any, kw: dict[str, Any], named: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=named):
+        engine(net, kv_tokens=128, state_slots=3, **kw)
