@@ -195,7 +195,7 @@ class Engine:
             self.host_tier = HostTier(
                 self.mgr, self.adapter, host_state_slots, host_kv_tokens, self.device
             )
-            policy = TierLookup(policy, self.host_tier)  # type: ignore[assignment]
+            policy = TierLookup(policy, self.host_tier)
         self.scheduler = Scheduler(self.mgr, self.forward, policy, cfg)
         self._stats = dict.fromkeys(
             (

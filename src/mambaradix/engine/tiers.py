@@ -120,6 +120,9 @@ class HostTier:
         if not cands:
             return
         depth = cands[-1].depth
+        # the allocation below may demote into the host: what this load reads goes to the
+        # recent end of the LRU first, so the demotions push out other entries
+        self.residency.touch(key, depth)
 
         def load(start: int, kv_on_device: int, kv: Any, slot: int) -> None:
             plan = self.residency.restore_plan(key, depth, kv_on_device)
@@ -127,7 +130,7 @@ class HostTier:
             dst = [kv[i - start] for i, _, _ in plan.kv]
             host = self.pools
             copies = [host["kv"].load(self.mover, units, self.groups["kv"], dst)]
-            (state, _), = plan.state
+            ((state, _),) = plan.state
             st_unit = [self.units[state]]
             copies.append(host["st"].load(self.mover, st_unit, self.groups["st"], [slot]))
             for c in copies:

@@ -16,7 +16,7 @@ from mambaradix.core.results import InsertResult
 from mambaradix.lifecycle.manager import CacheManager
 
 Usable = Callable[[Sequence[int], int, int], bool]
-Load = Callable[[int, int, array, int], None]  # (start, kv_on_device, kv, slot)
+Load = Callable[[int, int, "array[int]", int], None]  # (start, kv_on_device, kv, slot)
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Restored:
 
     start: int
     kv_on_device: int
-    kv: array
+    kv: array[int]
     slot: int
     result: InsertResult
 

@@ -87,7 +87,8 @@ class Load:
 
 def byte_tiers(host_bytes: int, store_bytes: int, kv_share: float | None) -> LowerTiers:
     """The replay's tiers: byte budgets, writes instant (no sink)."""
-    return LowerTiers(LowerTier(HOST, host_bytes, kv_share), LowerTier(STORE, store_bytes, kv_share))
+    host, store = LowerTier(HOST, host_bytes, kv_share), LowerTier(STORE, store_bytes, kv_share)
+    return LowerTiers(host, store)
 
 
 class TieredCache:
