@@ -189,9 +189,7 @@ class TieredCache:
             cands = [c for c in self.plan(key, start, kv_on_device) if c.depth == choice.depth]
             loaded.append(cands[0])
 
-        done = restore_through(
-            self.cache, key, req.extra_key, choice.depth, self.usable, account
-        )
+        done = restore_through(self.cache, key, req.extra_key, choice.depth, self.usable, account)
         if done is None:
             self.tiers.stats.failed += 1
             return
