@@ -9,7 +9,11 @@ key, nothing in flight) and the residency layer's (`Engine.check`)."""
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +25,16 @@ from mambaradix.engine import Engine
 
 GRID = 16
 NEW = 3
+
+
+@pytest.fixture
+def store_dir() -> Any:
+    """On /dev/shm where there is one (tmpfs: fsync is free, the tests stay fast); the
+    durable path on a disk is the file store's own tests' (test_tiers_file_store.py)."""
+    scratch = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    root = tempfile.mkdtemp(prefix="mrx-engine-tiers-", dir=scratch)
+    yield Path(root)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module", params=["nemotron-h-tiny", "qwen3-next-tiny"])
@@ -54,12 +68,19 @@ def same(a: Any, b: Any) -> bool:
     )
 
 
-def run(net: Any, seed: int, n: int, host_slots: int, host_kv: int, shuffle: bool) -> Engine:
+def run(
+    net: Any, seed: int, n: int, host_slots: int, host_kv: int, shuffle: bool, **store: Any
+) -> Engine:
     tiered = engine(
-        net, kv_tokens=64, state_slots=3, host_state_slots=host_slots, host_kv_tokens=host_kv
-    )
+        net, kv_tokens=64, state_slots=3, host_state_slots=host_slots, host_kv_tokens=host_kv,
+        **store,
+    )  # fmt: skip
+    return check_against_uncached(net, tiered, prompts(seed, n, shuffle))
+
+
+def check_against_uncached(net: Any, tiered: Engine, todo: list[list[int]]) -> Engine:
     plain = engine(net, prefix_cache=False, kv_tokens=64, state_slots=3)
-    for p in prompts(seed, n, shuffle):
+    for p in todo:
         (got,) = tiered.generate([p], max_new_tokens=NEW)
         (want,) = plain.generate([p], max_new_tokens=NEW)
         assert same(got, want)
@@ -90,6 +111,53 @@ def test_host_round_trips_under_pressure(net: Any) -> None:
 def test_host_round_trips_under_more_pressure(net: Any, seed: int) -> None:
     eng = run(net, seed=seed, n=14, host_slots=2, host_kv=48, shuffle=True)
     assert eng.stats()["host_demoted_states"] > 2
+
+
+def test_every_returning_head_comes_back_from_host_or_store(net: Any, store_dir: Path) -> None:
+    """The same turns with a host too small for one head (2 states, 24 tokens) and a file
+    store below it: each of prompts 4..9 still loads its 48-token head, now mostly from
+    the store (what the host dropped was written there)."""
+    eng = run(net, 1, 9, 2, 24, False, store_dir=store_dir, store_gb=1.0)
+    s = eng.stats()
+    assert s["host_loads"] == 6 and s["host_failed_loads"] == 0
+    assert s["host_loaded_kv_tokens"] == s["cached_tokens"] == 6 * 48
+    assert s["host_store_loaded_states"] > 0 and s["host_store_loaded_kv_tokens"] > 24
+    assert s["host_store_misses"] == 0
+
+
+def test_a_corrupt_store_is_a_miss_never_a_wrong_state(net: Any, store_dir: Path) -> None:
+    """Every object in the store damaged after the first three prompts: the loads that
+    need them fail (counted), the prompts are computed, the outputs stay exact."""
+    eng = engine(net, kv_tokens=64, state_slots=3, host_state_slots=2, host_kv_tokens=24,
+                 store_dir=store_dir, store_gb=1.0)  # fmt: skip
+    todo = prompts(1, 9, False)
+    check_against_uncached(net, eng, todo[:3])
+    damaged = 0
+    for path in store_dir.rglob("*.bin"):
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+        damaged += 1
+    assert damaged > 0
+    check_against_uncached(net, eng, todo[3:])
+    s = eng.stats()
+    assert s["host_store_misses"] > 0 and s["host_failed_loads"] > 0
+
+
+@pytest.mark.parametrize(
+    "kw, named",
+    [
+        ({"store_gb": 1.0}, "store_dir"),
+        ({"store_dir": "x"}, "store_gb"),
+        ({"store_dir": "x", "store_gb": -1}, "store_gb"),
+        ({"store_dir": 3, "store_gb": 1.0}, "store_dir"),
+    ],
+)
+def test_bad_store_input_names_the_parameter(net: Any, kw: dict[str, Any], named: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=named):
+        engine(net, kv_tokens=64, state_slots=3, host_state_slots=2, host_kv_tokens=8, **kw)
+    with pytest.raises(ValueError, match="host tier"):
+        engine(net, kv_tokens=64, state_slots=3, store_dir="x", store_gb=1.0)
 
 
 def test_without_a_host_tier_nothing_is_loaded(net: Any) -> None:

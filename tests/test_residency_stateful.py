@@ -154,12 +154,13 @@ class ResidencyMachine(RuleBasedStateMachine):
         if not got:
             return
 
-        def load(start: int, kv_on_device: int, kv: Any, slot: int) -> None:
+        def load(start: int, kv_on_device: int, kv: Any, slot: int) -> bool:
             p = self.res.restore_plan(seq, got[-1], kv_on_device)
             for i, key, tier in p.kv:
                 self.device_kv[kv[i - start]] = self.below[(tier, key)]
             ((key, tier),) = p.state
             self.device_st[slot] = self.below[(tier, key)]
+            return True
 
         done = restore(self.cache, seq, None, got[-1], self.res.usable, load)
         self.sync_freed()  # restore gave back the duplicates it did not insert

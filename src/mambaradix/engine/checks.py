@@ -32,6 +32,7 @@ __all__ = [
     "check_engine_args",
     "check_generate_args",
     "check_host_tier",
+    "check_store_tier",
     "kv_need",
     "memory_shortfall",
     "min_state_slots",
@@ -60,6 +61,24 @@ def check_host_tier(prefix_cache: bool, state_slots: Any, kv_tokens: Any) -> boo
     if not prefix_cache:
         raise ValueError("host_state_slots / host_kv_tokens need prefix_cache=True")
     return True
+
+
+def check_store_tier(host_tier: bool, store_dir: Any, store_gb: Any) -> int:
+    """The store's capacity in bytes (0: no store): `store_dir` a path and `store_gb` > 0
+    together, below a host tier (TypeError / ValueError naming the parameter otherwise)."""
+    if isinstance(store_gb, bool) or not isinstance(store_gb, (int, float)) or store_gb < 0:
+        raise ValueError(f"store_gb must be a number >= 0, got {store_gb!r}")
+    if store_dir is None:
+        if store_gb:
+            raise ValueError("store_gb needs store_dir (the store's directory)")
+        return 0
+    if not isinstance(store_dir, (str, os.PathLike)):
+        raise TypeError(f"store_dir must be a path, got {type(store_dir).__name__}")
+    if not store_gb:
+        raise ValueError("store_dir needs store_gb > 0 (the store's capacity)")
+    if not host_tier:
+        raise ValueError("store_dir needs a host tier (host_state_slots, host_kv_tokens)")
+    return int(store_gb * 1e9)
 
 
 def check_engine_args(**kw: Any) -> None:

@@ -17,6 +17,7 @@ takes). `prefix_cache=False` runs the same loop with nothing ever cached.
 
 from __future__ import annotations
 
+import os
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from mambaradix.engine.checks import (
     check_engine_args,
     check_generate_args,
     check_host_tier,
+    check_store_tier,
     memory_shortfall,
 )
 from mambaradix.engine.deterministic import GridCheckpoints
@@ -114,6 +116,8 @@ class Engine:
     states and KV tokens the device tree evicts are copied into host pools of
     that many slots and tokens, and loaded back when a later request's prefix
     is there (both 0: no host tier; both > 0 with the cache on).
+    store_dir / store_gb: a file store (L3) below the host tier, of that many
+    GB: what the host drops is written there (`engine.tier_store`).
     """
 
     def __init__(
@@ -142,6 +146,8 @@ class Engine:
         keep_logits: bool = True,
         host_state_slots: int = 0,
         host_kv_tokens: int = 0,
+        store_dir: str | os.PathLike[str] | None = None,
+        store_gb: float = 0.0,
     ) -> None:
         check_engine_args(
             model=model,
@@ -167,6 +173,7 @@ class Engine:
             net=net,
         )
         host_tier = check_host_tier(prefix_cache, host_state_slots, host_kv_tokens)
+        store_bytes = check_store_tier(host_tier, store_dir, store_gb)
         self.device = resolve_device(device)
         dtype = check_dtype(dtype)
         if net is not None:
@@ -192,8 +199,9 @@ class Engine:
         policy = self._policy(checkpoints, compat, chunk_size)
         self.host_tier: HostTier | None = None
         if host_tier:
+            store = None if store_dir is None else (store_dir, store_bytes, str(model))
             self.host_tier = HostTier(
-                self.mgr, self.adapter, host_state_slots, host_kv_tokens, self.device
+                self.mgr, self.adapter, host_state_slots, host_kv_tokens, self.device, store
             )
             policy = TierLookup(policy, self.host_tier)
         self.scheduler = Scheduler(self.mgr, self.forward, policy, cfg)

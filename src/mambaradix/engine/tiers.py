@@ -1,5 +1,6 @@
-"""The engine's host tier (L2): state slots and KV tokens the device tree lets go of are
-copied into host pools, and a later request's prefix is loaded back from them.
+"""The engine's host tier (L2), and a store (L3) below it: state slots and KV tokens the
+device tree lets go of are copied into host pools, what the host drops is written to the
+store (`engine.tier_store`, optional), and a later request's prefix is loaded back.
 
 The decisions are `lifecycle.tiers`' (the replay makes the same ones); this module carries
 them out with bytes:
@@ -9,11 +10,14 @@ them out with bytes:
   the layer's actions are executed: a `Drop` frees the host unit of a key, a `Demote`
   takes a host unit and copies the device unit into it (`pools.transfer.Mover`, one copy
   per pool per eviction); the key becomes visible (`LowerTiers.written`) only after the
-  copy has completed (publish after write);
+  copy has completed (publish after write); a `Demote` to the store writes the host copy
+  (the pending host copies are finished first), visible once the store acknowledged it;
 * loading: before a waiting request is matched (`TierLookup.before_match`), its prefix is
   looked up down the tier (`Residency.plan`), the deepest usable depth is restored through
-  `lifecycle.tier_restore.restore`: device KV and a slot allocated, the host units copied
-  in and waited for, then the tree's `insert`; the match that follows finds it.
+  `lifecycle.tier_restore.restore`: device KV and a slot allocated, the host units and the
+  store objects copied in and waited for, then the tree's `insert`; the match that follows
+  finds it. A store miss (refused, lost or corrupt object) forgets the key and fails the
+  load: the units it wrote to are freed, never inserted.
 
 Host units are owned by the layer's entries: one per visible or in-flight key, freed when
 the host LRU drops the key (`check`: every host unit is free or held by exactly one key,
@@ -22,8 +26,10 @@ and the keys holding units are the host LRU's entries).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from mambaradix.engine.tier_store import StoreTier
 from mambaradix.lifecycle import CacheManager, Evictor, Request
 from mambaradix.lifecycle.tier_lru import LowerTier
 from mambaradix.lifecycle.tier_restore import restore
@@ -48,8 +54,15 @@ class HostTier:
     """Host state slots and host KV tokens below `mgr`'s tree (module docstring)."""
 
     def __init__(
-        self, mgr: CacheManager, adapter: Any, state_slots: int, kv_tokens: int, device: Any
+        self,
+        mgr: CacheManager,
+        adapter: Any,
+        state_slots: int,
+        kv_tokens: int,
+        device: Any,
+        store: tuple[str | os.PathLike[str], int, str] | None = None,
     ) -> None:
+        """`store`: (directory, capacity in bytes, model name) of a file store below."""
         self.mgr = mgr
         self.groups: dict[str, Group] = {
             "st": state_group(adapter.states),
@@ -65,12 +78,18 @@ class HostTier:
         kv_total = kv_tokens * kv_bytes
         host = LowerTier(HOST, kv_total + state_slots * st_bytes, kv_bytes=kv_total)
         self.queue: list[Action] = []
-        self.tiers = LowerTiers(host, LowerTier(STORE, 0), sink=self.queue.append)
+        self.store: StoreTier | None = None
+        store_bytes = 0
+        if store is not None:
+            root, store_bytes, model = store
+            self.store = StoreTier(root, model, self.groups["st"], self.groups["kv"], self.mover)
+        self.tiers = LowerTiers(host, LowerTier(STORE, store_bytes), sink=self.queue.append)
         self.tracker = TierTracker(self.tiers, kv_bytes, st_bytes)
         self.residency = Residency(self.tiers, self.tracker, mgr.page_size)
         self.units: dict[Key, int] = {}  # key -> its host unit (written or being written)
         self.stats = {"loads": 0, "loaded_kv_tokens": 0, "failed_loads": 0}
-        self.stats |= {"demoted_kv_tokens": 0, "demoted_states": 0}
+        self.stats |= {"demoted_kv_tokens": 0, "demoted_states": 0, "store_writes": 0}
+        self.stats |= {"store_loaded_kv_tokens": 0, "store_loaded_states": 0, "store_misses": 0}
         mgr.tree.add_listener(self.tracker)
         mgr.evictor = self.evictor(mgr.evictor)
 
@@ -85,22 +104,33 @@ class HostTier:
         return evict_and_demote
 
     def execute(self) -> None:
-        """Carry out the queued actions, in order; the copies of one call go together."""
+        """Carry out the queued actions, in order; the host copies of one call go together."""
         pending: dict[str, list[tuple[Key, int, int]]] = {"st": [], "kv": []}
         for action in self.queue:
             kind = str(action.key[0])
             if isinstance(action, Drop):
+                if action.tier == STORE:
+                    assert self.store is not None
+                    self.store.delete(action.key)
+                    continue
                 unit = self.units.pop(action.key)
                 pending[kind] = [p for p in pending[kind] if p[0] != action.key]
                 self.pools[kind].free([unit])
                 continue
-            assert isinstance(action, Demote) and action.tier == HOST and action.source is not None
+            assert isinstance(action, Demote)
+            if action.tier == STORE:
+                self._to_store(action.key, pending)
+                continue
+            assert action.source is not None
             got = self.pools[kind].alloc(1)
             if got is None:
                 raise AssertionError(f"the host {kind} pool disagrees with its LRU: it is full")
             self.units[action.key] = got[0]
             pending[kind].append((action.key, action.source, got[0]))
         self.queue.clear()
+        self._copy_to_host(pending)
+
+    def _copy_to_host(self, pending: dict[str, list[tuple[Key, int, int]]]) -> None:
         for kind, copies in pending.items():
             if not copies:
                 continue
@@ -109,6 +139,19 @@ class HostTier:
             for key, _, _ in copies:
                 self.tiers.written(key, HOST)
             self.stats["demoted_states" if kind == "st" else "demoted_kv_tokens"] += len(copies)
+            copies.clear()
+
+    def _to_store(self, key: Key, pending: dict[str, list[tuple[Key, int, int]]]) -> None:
+        """Write the host copy of `key` (a host drop) to the store."""
+        assert self.store is not None
+        self._copy_to_host(pending)  # the host copy exists from here on
+        kind = str(key[0])
+        if self.store.save(key, self.pools[kind].tensors, self.units[key]):
+            self.tiers.written(key, STORE)
+            self.stats["store_writes"] += 1
+        else:  # refused (full, or failing): not below any more
+            self.tiers.forget(key, STORE)
+            self.stats["store_misses"] += 1
 
     # ------------------------------------------------------------------- loads
 
@@ -124,18 +167,11 @@ class HostTier:
         # recent end of the LRU first, so the demotions push out other entries
         self.residency.touch(key, depth)
 
-        def load(start: int, kv_on_device: int, kv: Any, slot: int) -> None:
+        def load(start: int, kv_on_device: int, kv: Any, slot: int) -> bool:
             plan = self.residency.restore_plan(key, depth, kv_on_device)
-            units = [self.units[k] for _, k, _ in plan.kv]
-            dst = [kv[i - start] for i, _, _ in plan.kv]
-            host = self.pools
-            copies = [host["kv"].load(self.mover, units, self.groups["kv"], dst)]
-            ((state, _),) = plan.state
-            st_unit = [self.units[state]]
-            copies.append(host["st"].load(self.mover, st_unit, self.groups["st"], [slot]))
-            for c in copies:
-                c.wait()  # publish after write: the tree's insert follows
-            self.stats["loaded_kv_tokens"] += len(units)
+            pieces = [(k, kv[i - start], t) for i, k, t in plan.kv]
+            pieces += [(k, slot, t) for k, t in plan.state]
+            return self._load(pieces)
 
         done = restore(self.mgr, key, req.extra_key, depth, self.residency.usable, load)
         if done is None:
@@ -145,6 +181,33 @@ class HostTier:
             self.residency.restored(done.result.node, depth, key)
         self.residency.touch(key, depth)
         self.stats["loads"] += 1
+
+    def _load(self, pieces: list[tuple[Key, int, str]]) -> bool:
+        """Copy each (key, device unit, tier) in; False if the store missed any (those
+        keys are forgotten)."""
+        copies = []
+        for kind in ("kv", "st"):
+            mine = [(k, u) for k, u, t in pieces if t == HOST and k[0] == kind]
+            units = [self.units[k] for k, _ in mine]
+            dst = [u for _, u in mine]
+            copies.append(self.pools[kind].load(self.mover, units, self.groups[kind], dst))
+        missed = []
+        if self.store is not None:
+            for kind in ("kv", "st"):
+                mine = [(k, u) for k, u, t in pieces if t == STORE and k[0] == kind]
+                missed += self.store.load(kind, mine, self.groups[kind])
+                if kind == "kv":
+                    self.stats["store_loaded_kv_tokens"] += len(mine)
+                else:
+                    self.stats["store_loaded_states"] += len(mine)
+        for c in copies:
+            c.wait()  # publish after write: the tree's insert follows
+        for k in missed:
+            self.tiers.forget(k, STORE)
+        self.stats["store_misses"] += len(missed)
+        if not missed:
+            self.stats["loaded_kv_tokens"] += sum(1 for k, _, _ in pieces if k[0] == "kv")
+        return not missed
 
     # ------------------------------------------------------------------ checks
 
@@ -165,6 +228,10 @@ class HostTier:
         entries = sum(len(lru.entries) for lru in self.tiers.host.distinct())
         if entries != len(self.units):
             raise AssertionError(f"host LRU holds {entries} keys, {len(self.units)} hold units")
+        if self.store is not None:  # visible in the store: durably there
+            keys = [k for lru in self.tiers.store.distinct() for k in lru.entries]
+            if not all(self.store.holds(keys)):  # type: ignore[arg-type]
+                raise AssertionError("a key the store tier lists is not in the store")
 
 
 class TierLookup:

@@ -30,6 +30,10 @@ class ByteLRU:
     def touch(self, key: Hashable) -> None:
         self.entries.move_to_end(key)
 
+    def remove(self, key: Hashable) -> None:
+        """Forget `key` (KeyError if absent)."""
+        self.used -= self.entries.pop(key)
+
     def put(self, key: Hashable, nbytes: int) -> list[Entry]:
         """Hold `key` as the most recent entry; returns what no longer fits (the least
         recent entries, or the new one itself when it is larger than the capacity)."""
@@ -80,6 +84,9 @@ class LowerTier:
 
     def put(self, key: tuple[Hashable, ...], nbytes: int) -> list[Entry]:
         return self.lrus[str(key[0])].put(key, nbytes)
+
+    def remove(self, key: tuple[Hashable, ...]) -> None:
+        self.lrus[str(key[0])].remove(key)
 
     def distinct(self) -> list[ByteLRU]:
         return list({id(x): x for x in self.lrus.values()}.values())

@@ -16,7 +16,8 @@ from mambaradix.core.results import InsertResult
 from mambaradix.lifecycle.manager import CacheManager
 
 Usable = Callable[[Sequence[int], int, int], bool]
-Load = Callable[[int, int, "array[int]", int], None]  # (start, kv_on_device, kv, slot)
+# (start, kv_on_device, kv, slot) -> whether every byte arrived (False: a store miss)
+Load = Callable[[int, int, "array[int]", int], bool]
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ def restore(
     load: Load,
 ) -> Restored | None:
     """Put `key[:depth]` on the device from below; None (nothing changed but evictions)
-    when there is no device memory for it or the depth stopped being usable."""
+    when there is no device memory for it, the depth stopped being usable, or `load`
+    reports bytes missing."""
     tree = cache.tree
     m = tree.match_prefix(key, extra_key, read_only=True)
     start = m.prefix_len
@@ -55,11 +57,11 @@ def restore(
         return None
     kv, slot = got
     m = tree.match_prefix(key, extra_key, read_only=True)  # allocation may evict
-    if m.prefix_len != start or not usable(key, depth, m.kv_hit_len):
-        cache.kv.free(kv)
+    usable_now = m.prefix_len == start and usable(key, depth, m.kv_hit_len)
+    if not usable_now or not load(start, m.kv_hit_len, kv, slot):
+        cache.kv.free(kv)  # the units a failed load wrote to are never inserted
         cache.slots.free([slot])
         return None
-    load(start, m.kv_hit_len, kv, slot)
     values = array("q", m.kv_indices) + array("q", kv)
     result = tree.insert(key[:depth], values, slot, start, extra_key)
     if result.freed_kv:

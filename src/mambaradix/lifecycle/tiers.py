@@ -153,9 +153,15 @@ class LowerTiers:
             self.sink(Drop(key, tier))
 
     def written(self, key: Key, tier: str) -> None:
-        """The caller wrote `key`'s bytes into `tier`: from now on `where` finds them."""
-        if (tier, key) not in self.unwritten:
-            raise ValueError(f"{key!r} is not being written to the {tier}")
+        """The caller wrote `key`'s bytes into `tier`: from now on `where` finds them (a
+        no-op when the tier dropped the entry since: actions are reported before they are
+        carried out, so a write may finish after its entry's `Drop` was reported)."""
+        self.unwritten.discard((tier, key))
+
+    def forget(self, key: Key, tier: str) -> None:
+        """The caller could not write `key` into `tier`, or found its bytes there lost
+        (a store that refused or lost them): the entry goes, with no action."""
+        (self.host if tier == HOST else self.store).remove(key)
         self.unwritten.discard((tier, key))
 
     def touch(self, key: Key) -> None:

@@ -185,9 +185,10 @@ class TieredCache:
     def restore(self, req: Request, key: Any, choice: Candidate) -> None:
         loaded: list[Candidate] = []
 
-        def account(start: int, kv_on_device: int, kv: Any, slot: int) -> None:
+        def account(start: int, kv_on_device: int, kv: Any, slot: int) -> bool:
             cands = [c for c in self.plan(key, start, kv_on_device) if c.depth == choice.depth]
             loaded.append(cands[0])
+            return True
 
         done = restore_through(self.cache, key, req.extra_key, choice.depth, self.usable, account)
         if done is None:
