@@ -11,7 +11,8 @@ Checked after every step, against the model (prefix tuples, no hashing):
 * every entry the layer says is visible holds the bytes of its key: the prefix whose
   hash chain is the key (so nothing is ever labelled with another prefix);
 * an entry in flight is never visible (publish after write);
-* everything that ever left the device is visible, in flight, or was dropped by an LRU;
+* everything that ever left the device is visible, in flight, or was dropped by an LRU
+  (or forgotten: a rule makes the store lose an object);
 * `plan` lists exactly the depths the definition gives, computed here from prefixes;
 * every KV index and state slot on the device holds its own path's prefix (restores
   included), `check_invariants()` and the device pools' conservation.
@@ -24,6 +25,7 @@ from collections.abc import Hashable
 from typing import Any
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -146,6 +148,17 @@ class ResidencyMachine(RuleBasedStateMachine):
             self.tiers.written(key, tier)
         self.in_flight.clear()
 
+    @rule(pick=st.integers(0, 50))
+    def store_loses_an_entry(self, pick: int) -> None:
+        """The store lost an object (a corrupt file): the caller forgets the key."""
+        held = sorted((k for t, k in self.below if t == STORE), key=repr)
+        if held:
+            key = held[pick % len(held)]
+            self.tiers.forget(key, STORE)
+            del self.below[(STORE, key)]
+            self.in_flight.discard((STORE, key))
+            self.dropped.add(key)
+
     @rule(seq=SEQS)
     def lookup_and_restore(self, seq: list[int]) -> None:
         m = self.tree.match_prefix(seq, read_only=True)
@@ -168,6 +181,10 @@ class ResidencyMachine(RuleBasedStateMachine):
             assert done.result.node is not None
             self.res.restored(done.result.node, got[-1], seq)
             self.res.touch(seq, got[-1])
+            m = self.tree.match_prefix(seq, read_only=True)  # the device has it now
+            assert m.prefix_len >= got[-1]
+            again = [c.depth for c in self.res.plan(seq, m.prefix_len, m.kv_hit_len)]
+            assert again == self.brute_force_plan(seq, m.prefix_len, m.kv_hit_len)
 
     def free(self, kv: Any, slots: list[int]) -> None:
         for i in kv:
@@ -236,6 +253,13 @@ class ResidencyMachine(RuleBasedStateMachine):
                 stack.append((child, path))
 
 
-ResidencyMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40,
-                                              deadline=None)  # fmt: skip
+class LongerRuns(ResidencyMachine):
+    pass
+
+
+ResidencyMachine.TestCase.settings = settings(
+    max_examples=50, stateful_step_count=40, deadline=None
+)
+LongerRuns.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 test_residency_against_a_brute_force_model = ResidencyMachine.TestCase
+test_residency_against_a_brute_force_model_longer = pytest.mark.slow(LongerRuns.TestCase)
