@@ -178,3 +178,24 @@ def test_without_a_host_tier_nothing_is_loaded(net: Any) -> None:
 def test_bad_host_tier_input_names_the_parameter(net: Any, kw: dict[str, Any], named: str) -> None:
     with pytest.raises((TypeError, ValueError), match=named):
         engine(net, kv_tokens=64, state_slots=3, **kw)
+
+
+def test_batches_with_a_host_tier_keep_the_prefill_exact(net: Any) -> None:
+    """Prompts three at a time (loads while other requests run and hold the device): each
+    first token's fp32 logits (the prefill's last cell, on the grid) equal the uncached
+    engine's; the decode steps run in batches of other shapes, so only the prefill is
+    compared. Conservation and the tiers' invariants after every call."""
+    kw = {"kv_tokens": 192, "state_slots": 5, "max_running": 3}
+    eng = Engine(
+        model=net.config.model_type, net=net, deterministic=True, chunk_size=GRID,
+        device=DEVICE, host_state_slots=6, host_kv_tokens=160, **kw,
+    )  # fmt: skip
+    plain = engine(net, prefix_cache=False, kv_tokens=64, state_slots=3)
+    todo = prompts(5, 12, shuffle=True)
+    for i in range(0, len(todo), 3):
+        got = eng.generate(todo[i : i + 3], max_new_tokens=2)
+        eng.check()
+        for p, g in zip(todo[i : i + 3], got, strict=True):
+            (want,) = plain.generate([p], max_new_tokens=1)
+            assert torch.equal(g.logits[0], want.logits[0])
+    assert eng.stats()["host_loads"] > 0
