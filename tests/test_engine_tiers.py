@@ -110,7 +110,8 @@ def test_host_round_trips_under_pressure(net: Any) -> None:
 @pytest.mark.parametrize("seed", [3, 4])
 def test_host_round_trips_under_more_pressure(net: Any, seed: int) -> None:
     eng = run(net, seed=seed, n=14, host_slots=2, host_kv=48, shuffle=True)
-    assert eng.stats()["host_demoted_states"] > 2
+    s = eng.stats()
+    assert s["host_demoted_states"] > 2 and s["host_loads"] > 0
 
 
 def test_every_returning_head_comes_back_from_host_or_store(net: Any, store_dir: Path) -> None:

@@ -87,6 +87,7 @@ class HostTier:
         self.tracker = TierTracker(self.tiers, kv_bytes, st_bytes)
         self.residency = Residency(self.tiers, self.tracker, mgr.page_size)
         self.units: dict[Key, int] = {}  # key -> its host unit (written or being written)
+        self.missed: list[Key] = []  # store misses of the load in progress
         self.stats = {"loads": 0, "loaded_kv_tokens": 0, "failed_loads": 0}
         self.stats |= {"demoted_kv_tokens": 0, "demoted_states": 0, "store_writes": 0}
         self.stats |= {"store_loaded_kv_tokens": 0, "store_loaded_states": 0, "store_misses": 0}
@@ -119,7 +120,7 @@ class HostTier:
                 continue
             assert isinstance(action, Demote)
             if action.tier == STORE:
-                self._to_store(action.key, pending)
+                self._to_store(action.key, action.source, pending)
                 continue
             assert action.source is not None
             got = self.pools[kind].alloc(1)
@@ -141,12 +142,20 @@ class HostTier:
             self.stats["demoted_states" if kind == "st" else "demoted_kv_tokens"] += len(copies)
             copies.clear()
 
-    def _to_store(self, key: Key, pending: dict[str, list[tuple[Key, int, int]]]) -> None:
-        """Write the host copy of `key` (a host drop) to the store."""
+    def _to_store(
+        self, key: Key, source: int | None, pending: dict[str, list[tuple[Key, int, int]]]
+    ) -> None:
+        """Write `key` to the store: its host copy (a host drop), or device unit `source`
+        (no room in the host: every entry there is pinned by a load)."""
         assert self.store is not None
-        self._copy_to_host(pending)  # the host copy exists from here on
         kind = str(key[0])
-        if self.store.save(key, self.pools[kind].tensors, self.units[key]):
+        src: Group
+        if source is None:
+            self._copy_to_host(pending)  # the host copy exists from here on
+            src, unit = self.pools[kind].tensors, self.units[key]
+        else:
+            src, unit = self.groups[kind], source
+        if self.store.save(key, src, unit):
             self.tiers.written(key, STORE)
             self.stats["store_writes"] += 1
         else:  # refused (full, or failing): not below any more
@@ -163,9 +172,10 @@ class HostTier:
         if not cands:
             return
         depth = cands[-1].depth
-        # the allocation below may demote into the host: what this load reads goes to the
-        # recent end of the LRU first, so the demotions push out other entries
-        self.residency.touch(key, depth)
+        # the allocation below may demote into the host: what this load reads is pinned
+        # (a host lock), so those demotions pass over it
+        pins = self.residency.pin(self.residency.restore_plan(key, depth, m.kv_hit_len))
+        self.missed = []
 
         def load(start: int, kv_on_device: int, kv: Any, slot: int) -> bool:
             plan = self.residency.restore_plan(key, depth, kv_on_device)
@@ -173,7 +183,12 @@ class HostTier:
             pieces += [(k, slot, t) for k, t in plan.state]
             return self._load(pieces)
 
-        done = restore(self.mgr, key, req.extra_key, depth, self.residency.usable, load)
+        try:
+            done = restore(self.mgr, key, req.extra_key, depth, self.residency.usable, load)
+        finally:
+            self.residency.unpin(pins)
+        for k in self.missed:  # lost in the store: not below any more
+            self.tiers.forget(k, STORE)
         if done is None:
             self.stats["failed_loads"] += 1
             return
@@ -184,7 +199,7 @@ class HostTier:
 
     def _load(self, pieces: list[tuple[Key, int, str]]) -> bool:
         """Copy each (key, device unit, tier) in; False if the store missed any (those
-        keys are forgotten)."""
+        keys are forgotten after the load)."""
         copies = []
         for kind in ("kv", "st"):
             mine = [(k, u) for k, u, t in pieces if t == HOST and k[0] == kind]
@@ -202,8 +217,7 @@ class HostTier:
                     self.stats["store_loaded_states"] += len(mine)
         for c in copies:
             c.wait()  # publish after write: the tree's insert follows
-        for k in missed:
-            self.tiers.forget(k, STORE)
+        self.missed += missed  # forgotten once unpinned
         self.stats["store_misses"] += len(missed)
         if not missed:
             self.stats["loaded_kv_tokens"] += sum(1 for k, _, _ in pieces if k[0] == "kv")

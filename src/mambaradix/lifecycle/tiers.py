@@ -19,7 +19,8 @@ until its LRU drops it.
   (`written`): publish after write. Without a sink (the replay) a write is instant.
 * `Residency` looks a key up: every depth a load could restore (`plan`), the check that a
   depth is usable (`usable`), and, for the chosen depth, where each piece comes from
-  (`restore_plan`). `tier_restore.restore` carries a load out through a `CacheManager`.
+  (`restore_plan`), and host locks on what a load reads (`pin`, `unpin`).
+  `tier_restore.restore` carries a load out through a `CacheManager`.
 
 Invariants (`Residency.check_invariants`): each tier's bytes never exceed its capacity and
 equal its entries'; an entry not yet written is reserved in its tier's LRU (and not
@@ -336,6 +337,20 @@ class Residency:
                 raise ValueError(f"the state at depth {depth} is in no tier")
             state.append((k, tier))
         return RestorePlan(depth, h, kv, state)
+
+    def pin(self, plan: RestorePlan) -> list[tuple[LowerTier, Key]]:
+        """Pin every entry `plan` reads where it is (a host lock: the demotions that the
+        load's own allocation causes pass over them); hand the result to `unpin`."""
+        pins = []
+        for key, tier in [(k, t) for _, k, t in plan.kv] + plan.state:
+            lru = self.tiers.host if tier == HOST else self.tiers.store
+            lru.pin(key)
+            pins.append((lru, key))
+        return pins
+
+    def unpin(self, pins: list[tuple[LowerTier, Key]]) -> None:
+        for lru, key in pins:
+            lru.unpin(key)
 
     def touch(self, key: Sequence[int], depth: int) -> None:
         """A load used the path to `depth`: its entries become the most recent."""
