@@ -126,6 +126,14 @@ def test_every_returning_head_comes_back_from_host_or_store(net: Any, store_dir:
     assert s["host_store_misses"] == 0
 
 
+def test_a_full_store_deletes_what_its_lru_drops(net: Any, store_dir: Path) -> None:
+    """A store of 100 kB (a few states and tokens of these models): it drops entries and
+    deletes their objects; `Engine.check` counts the objects against its LRU each call."""
+    eng = run(net, 2, 14, 2, 24, True, store_dir=store_dir, store_gb=1e-4)
+    s = eng.stats()
+    assert s["host_store_deletes"] > 0 and s["host_store_writes"] > s["host_store_deletes"]
+
+
 def test_a_corrupt_store_is_a_miss_never_a_wrong_state(net: Any, store_dir: Path) -> None:
     """Every object in the store damaged after the first three prompts: the loads that
     need them fail (counted), the prompts are computed, the outputs stay exact."""

@@ -55,6 +55,10 @@ class StoreTier:
     def delete(self, key: Key) -> None:
         self.store.delete([self.object_key(key)])
 
+    def objects(self) -> int:
+        """Objects in the store's directory (its ``.bin`` files)."""
+        return sum(f.endswith(".bin") for _, _, files in os.walk(self.store.root) for f in files)
+
     def holds(self, keys: Sequence[Key]) -> list[bool]:
         return self.store.exists([self.object_key(k) for k in keys])
 

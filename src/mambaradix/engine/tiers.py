@@ -90,6 +90,7 @@ class HostTier:
         self.missed: list[Key] = []  # store misses of the load in progress
         self.stats = {"loads": 0, "loaded_kv_tokens": 0, "failed_loads": 0}
         self.stats |= {"demoted_kv_tokens": 0, "demoted_states": 0, "store_writes": 0}
+        self.stats |= {"store_deletes": 0}
         self.stats |= {"store_loaded_kv_tokens": 0, "store_loaded_states": 0, "store_misses": 0}
         mgr.tree.add_listener(self.tracker)
         mgr.evictor = self.evictor(mgr.evictor)
@@ -113,6 +114,7 @@ class HostTier:
                 if action.tier == STORE:
                     assert self.store is not None
                     self.store.delete(action.key)
+                    self.stats["store_deletes"] += 1
                     continue
                 unit = self.units.pop(action.key)
                 pending[kind] = [p for p in pending[kind] if p[0] != action.key]
@@ -227,7 +229,8 @@ class HostTier:
 
     def check(self) -> None:
         """The layer's invariants; nothing queued or in flight; every host unit free or
-        held by exactly one key, and the keys holding units are the host LRU's entries."""
+        held by exactly one key, and the keys holding units are the host LRU's entries;
+        the store holds exactly the objects its LRU lists."""
         if self.queue or self.tiers.unwritten:
             raise AssertionError("tier actions left unexecuted or writes unpublished")
         self.residency.check_invariants()
@@ -246,6 +249,8 @@ class HostTier:
             keys = [k for lru in self.tiers.store.distinct() for k in lru.entries]
             if not all(self.store.holds(keys)):  # type: ignore[arg-type]
                 raise AssertionError("a key the store tier lists is not in the store")
+            if self.store.objects() != len(keys):  # nothing written and forgotten on disk
+                raise AssertionError(f"{self.store.objects()} store objects, {len(keys)} listed")
 
 
 class TierLookup:
