@@ -13,7 +13,13 @@ import torch
 from mambaradix.core.compat import COMPAT_MODES, resolve_compat
 from mambaradix.engine.device import check_dtype
 from mambaradix.lifecycle.strategy import PAGE_RULE, check_strategy, takes_page
-from mambaradix.scheduler import admission_need, fits_alone, kv_needed_alone, slots_alone
+from mambaradix.scheduler import (
+    CheckpointPolicy,
+    admission_need,
+    fits_alone,
+    kv_needed_alone,
+    slots_alone,
+)
 from mambaradix.validate import (
     HOST_BYTES_PER_ID,
     as_bool,
@@ -37,7 +43,11 @@ __all__ = [
 ]
 
 TRACK_SLOTS = 2  # extra_buffer's ping-pong (CacheManager's default)
-POLICY_METHODS = ("stops", "cache_at", "insert_at_finish", "on_admitted", "on_cached")
+# What a `checkpoints` must have, for the error: the protocol's attribute and methods.
+POLICY_MEMBERS = (
+    *CheckpointPolicy.__annotations__,
+    *(name for name in vars(CheckpointPolicy) if not name.startswith("_")),
+)
 
 
 def min_state_slots(prefix_cache: bool, strategy: str = "no_buffer") -> int:
@@ -92,9 +102,9 @@ def _check_plugins(kw: dict[str, Any]) -> None:
         raise ValueError(f"sglang_rules must be an SGLang release name, got {rules!r}")
     if not callable(evictor):
         raise TypeError(f"evictor must be a callable, got {type(evictor).__name__}")
-    if policy is not None and not all(callable(getattr(policy, m, None)) for m in POLICY_METHODS):
+    if policy is not None and not isinstance(policy, CheckpointPolicy):
         raise TypeError(
-            f"checkpoints must be None or a CheckpointPolicy (with {', '.join(POLICY_METHODS)}), "
+            f"checkpoints must be None or a CheckpointPolicy (with {', '.join(POLICY_MEMBERS)}), "
             f"got {type(policy).__name__}"
         )
     if net is not None and not isinstance(net, torch.nn.Module):

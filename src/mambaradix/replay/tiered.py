@@ -27,7 +27,7 @@ conservation (`CacheManager.check_conservation`).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,10 @@ from mambaradix.tiers.cost import HitCost, Prefill, break_even
 if TYPE_CHECKING:
     from mambaradix.replay.models import ModelProfile
     from mambaradix.replay.serving import ServingConfig
+    from mambaradix.replay.vllm_pool import BlockPool
+
+    # `Policy.adopt_loaded(tokens, start, kv, freed, slot)`
+    Adopt = Callable[[array[int], int, array[int], set[int], int | None], None]
 
 ROOT_HASH = 0
 HOST, STORE = "host", "store"
@@ -217,8 +221,8 @@ class TieredCache:
         self.tracker = TierTracker(self.tiers, kv_unit_bytes, state_bytes, rules)
         cache.tree.add_listener(self.tracker)
         self.loads: dict[Request, Load] = {}
-        self.adopt: Any = None  # the policy's `adopt_loaded`, when it keeps block books
-        self.pool: Any = None  # the policy's block pool, when it keeps one
+        self.adopt: Adopt | None = None  # the policy's `adopt_loaded` (`Policy`)
+        self.pool: BlockPool | None = None  # the policy's block pool, when it keeps one
 
     # ------------------------------------------------------------------ lookup
 
@@ -330,7 +334,7 @@ class TieredCache:
             cache.kv.free(result.freed_kv)
         if result.state_existed:
             cache.slots.free([slot])
-        if self.adopt is not None:  # a policy with its own block books (vLLM's)
+        if self.adopt is not None:  # a no-op but for a policy with its own books (vLLM's)
             kept = None if result.state_existed else slot
             self.adopt(key, start, array("q", kv), set(result.freed_kv), kept)
         self._touch(key, choice.depth)
@@ -377,9 +381,8 @@ class TieredCache:
         the block pool's for a policy that keeps one (vLLM's: its cached blocks are not
         the lifecycle's)."""
         self.tiers.check()
-        pool = getattr(self, "pool", None)
-        if pool is not None:
-            pool.check()
+        if self.pool is not None:
+            self.pool.check()
         else:
             self.cache.check_conservation()
 
