@@ -78,6 +78,27 @@ def test_protocols_are_checked_with_isinstance_not_method_lists() -> None:
     assert found == [], where(found)
 
 
+# A rule's message, and the one module that raises it (the copies removed: the engine's
+# sglang_rules check, the indexer's block_size check, the cluster CLI's router check).
+RULE_HOMES = {
+    "sglang_rules must be": "lifecycle/manager.py",
+    "block_size must be a positive int": "events/model.py",
+    "unknown router": "replay/routers.py",
+}
+
+
+def raised_from(text: str) -> list[tuple[Path, int, str]]:
+    return [(p, i, s) for p, i, s in lines() if text in s and not s.lstrip().startswith("#")]
+
+
+def test_each_rule_is_raised_from_its_home_only() -> None:
+    for text, home in RULE_HOMES.items():
+        found = raised_from(text)
+        assert found and {p.relative_to(SRC).as_posix() for p, _, _ in found} == {home}, where(
+            found
+        )
+
+
 def test_the_checks_can_fail() -> None:
     """The patterns above match the code they replaced."""
     old = [

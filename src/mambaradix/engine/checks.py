@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mambaradix.core.compat import COMPAT_MODES, resolve_compat
+from mambaradix.core.compat import resolve_compat
 from mambaradix.engine.device import check_dtype
+from mambaradix.lifecycle.manager import rules_release
 from mambaradix.lifecycle.strategy import PAGE_RULE, check_strategy, takes_page
 from mambaradix.scheduler import (
     CheckpointPolicy,
@@ -80,26 +81,21 @@ def check_engine_args(**kw: Any) -> None:
     as_positive(kw["max_running"], "max_running")
     if kw["max_context"] is not None:
         as_positive(kw["max_context"], "max_context")
-    resolve_compat(kw["compat"])  # ValueError naming the choices
+    compat = resolve_compat(kw["compat"])  # ValueError naming the choices
     check_dtype(kw["dtype"])
     if kw["model_overrides"] is not None:
         as_type(kw["model_overrides"], dict, "model_overrides")
     for name in ("batch_decode", "deterministic", "keep_logits"):
         as_bool(kw[name], name)
-    _check_plugins(kw)
+    _check_plugins(kw, compat)
     if kw["deterministic"] and strategy != "no_buffer":
         raise ValueError("deterministic=True needs strategy='no_buffer'")
 
 
-def _check_plugins(kw: dict[str, Any]) -> None:
+def _check_plugins(kw: dict[str, Any], compat: str | None) -> None:
     """What is handed in as an object: TypeError now, not in the middle of a run."""
-    rules, evictor, policy, net = (kw[k] for k in ("sglang_rules", "evictor", "checkpoints", "net"))
-    if rules is not None and not isinstance(rules, bool | str):
-        raise TypeError(
-            f"sglang_rules must be None, a bool or a release name, got {type(rules).__name__}"
-        )
-    if isinstance(rules, str) and rules not in COMPAT_MODES:
-        raise ValueError(f"sglang_rules must be an SGLang release name, got {rules!r}")
+    evictor, policy, net = (kw[k] for k in ("evictor", "checkpoints", "net"))
+    rules_release(compat, kw["sglang_rules"])  # the lifecycle's rule
     if not callable(evictor):
         raise TypeError(f"evictor must be a callable, got {type(evictor).__name__}")
     if policy is not None and not isinstance(policy, CheckpointPolicy):

@@ -154,7 +154,7 @@ class CacheManager:
     ) -> None:
         _check_setup(tree, kv, strategy, track_slots, page_checkpoints)
         _attach_kv_owner(tree, kv)
-        self.rules = _rules(tree.compat, sglang_rules)  # an SGLang release, or None: ours
+        self.rules = rules_release(tree.compat, sglang_rules)  # an SGLang release, or None
         self.tree, self.kv, self.slots, self.states, self.rows = tree, kv, slots, states, rows
         self.strategy = strategy
         self.extra_buffer = strategy == "extra_buffer"
@@ -580,8 +580,10 @@ def _check_batch(reqs: Sequence[Request], lens: Sequence[int], context: int | No
             )
 
 
-def _rules(compat: str | None, sglang_rules: bool | str | None) -> str | None:
-    """The SGLang release whose scheduler rules a manager applies (None: ours)."""
+def rules_release(compat: str | None, sglang_rules: bool | str | None) -> str | None:
+    """The SGLang release whose scheduler rules a manager on a tree of `compat` (resolved)
+    applies (None: ours); TypeError / ValueError naming `sglang_rules` (the one home of its
+    rule: `Engine` asks here before it builds anything)."""
     if sglang_rules is None:
         return compat
     if sglang_rules is False:
