@@ -79,11 +79,13 @@ def test_protocols_are_checked_with_isinstance_not_method_lists() -> None:
 
 
 # A rule's message, and the one module that raises it (the copies removed: the engine's
-# sglang_rules check, the indexer's block_size check, the cluster CLI's router check).
+# sglang_rules check, the indexer's block_size check, the cluster CLI's router check, the
+# state pool geometry's dtype table and check).
 RULE_HOMES = {
     "sglang_rules must be": "lifecycle/manager.py",
     "block_size must be a positive int": "events/model.py",
     "unknown router": "replay/routers.py",
+    "unknown dtype": "geometry/layers.py",
 }
 
 
