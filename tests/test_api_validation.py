@@ -211,6 +211,31 @@ def test_sweep_checks_the_cluster_before_any_cell_runs(monkeypatch: pytest.Monke
         )
 
 
+def test_a_sweep_checks_each_memory_point_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20: the memory fit ran once per point in the sweep, then again in every cell;
+    now the sweep's check is the only one (2 points x 3 policies: 2 checks, not 8)."""
+    import mambaradix.replay.cluster as cluster_module
+    import mambaradix.replay.fit as fit_module
+    import mambaradix.replay.run as run_module
+    import mambaradix.replay.sweep as sweep_module
+
+    calls: list[tuple[float, tuple[str, ...]]] = []
+
+    def counted(trace: Any, profile: Any, cfg: ServingConfig, strategies: Any, *a: Any) -> Any:
+        calls.append((cfg.memory_gb, tuple(strategies)))
+        return fit_module.check_memory(trace, profile, cfg, strategies, *a)
+
+    for module in (sweep_module, run_module, cluster_module):
+        monkeypatch.setattr(module, "check_memory", counted)
+    policies = ["sglang", "mambaradix", "marconi"]
+    data = sweep(tiny_trace(), get_profile("marconi-7b"), policies, [1.0, 2.0],
+                 ServingConfig(1.0), workers=1, progress=False)  # fmt: skip
+    assert len(data["results"]) == 6
+    assert calls == [(1.0, tuple(policies)), (2.0, tuple(policies))]
+    replay(tiny_trace(), get_profile("marconi-7b"), "sglang", ServingConfig(1.0))
+    assert calls[2:] == [(1.0, ("sglang",))]  # the public replay() still checks its point
+
+
 def test_model_profile_still_checks_its_fields() -> None:
     prof = get_profile("marconi-7b")
     with pytest.raises(TypeError, match="state_bytes must be an int"):

@@ -573,7 +573,7 @@ def test_an_internal_failure_is_one_line_and_exit_1(
     def broken(*args: object) -> None:
         raise RuntimeError("the serving model broke\nacross two lines")
 
-    monkeypatch.setattr(cells_module, "replay", broken)
+    monkeypatch.setattr(cells_module, "replay_checked", broken)
     args = ["replay", "--trace", "tiny.jsonl", "--model", "marconi-7b", "--memory", "1"]
     assert main([*args, "--workers", workers, "--no-progress"]) == 1
     err = capsys.readouterr().err

@@ -49,6 +49,58 @@ def test_the_scheduler_hooks_are_called_not_probed() -> None:
     assert found == [], where(found)
 
 
+# The optional capabilities of pools (`pools.defaults`, the `lifecycle.manager` protocols)
+# and replay policies (`replay.policies.base.Policy`): declared with a default, never probed.
+CAPABILITIES = (
+    "free_list_size",
+    "reclaims_cache",
+    "page_size",
+    "max_context",
+    "alloc_extend",
+    "adopt_loaded",
+    "pool",
+)
+CAPABILITY_PROBE = re.compile(
+    r"(getattr|hasattr)\([^)]*[\"'](" + "|".join(CAPABILITIES) + r")[\"']"
+)
+# A list of method names checked one by one: what `isinstance` on a runtime-checkable
+# Protocol says (the tree's owner and listeners, the engine's `checkpoints`).
+METHOD_PROBE = re.compile(r"callable\(getattr\(")
+
+
+def test_pool_and_policy_capabilities_are_declared_not_probed() -> None:
+    found = [(p, i, s) for p, i, s in lines() if CAPABILITY_PROBE.search(s)]
+    assert found == [], where(found)
+
+
+def test_protocols_are_checked_with_isinstance_not_method_lists() -> None:
+    found = [(p, i, s) for p, i, s in lines() if METHOD_PROBE.search(s)]
+    assert found == [], where(found)
+
+
+# A rule's message, and the one module that raises it (the copies removed: the engine's
+# sglang_rules check, the indexer's block_size check, the cluster CLI's router check, the
+# state pool geometry's dtype table and check).
+RULE_HOMES = {
+    "sglang_rules must be": "lifecycle/manager.py",
+    "block_size must be a positive int": "events/model.py",
+    "unknown router": "replay/routers.py",
+    "unknown dtype": "geometry/layers.py",
+}
+
+
+def raised_from(text: str) -> list[tuple[Path, int, str]]:
+    return [(p, i, s) for p, i, s in lines() if text in s and not s.lstrip().startswith("#")]
+
+
+def test_each_rule_is_raised_from_its_home_only() -> None:
+    for text, home in RULE_HOMES.items():
+        found = raised_from(text)
+        assert found and {p.relative_to(SRC).as_posix() for p, _, _ in found} == {home}, where(
+            found
+        )
+
+
 def test_the_checks_can_fail() -> None:
     """The patterns above match the code they replaced."""
     old = [
@@ -57,3 +109,19 @@ def test_the_checks_can_fail() -> None:
     ]
     assert re.search(r"no_buffer.*page", old[0]) and re.search(r"(==|!=)", old[0])
     assert re.search(r"getattr\([^)]*[\"'](before_match|on_abort|pass_steps)[\"']", old[1])
+    probes = [
+        'if getattr(kv, "reclaims_cache", False):',
+        'used_kv = kv.capacity - getattr(kv, "free_list_size", kv.available_size)()',
+        'free = getattr(pool, "free_list_size", pool.available_size)() // unit',
+        'kv_page = getattr(kv, "page_size", 1)',
+        'context = getattr(self.cache.rows, "max_context", None)',
+        'alloc_extend = getattr(self.kv, "alloc_extend", None)',
+        'tiered.adopt = getattr(self.policy, "adopt_loaded", None)',
+        'pool = getattr(self, "pool", None)',
+        'if hasattr(self.rows, "max_context"):',
+    ]
+    assert all(CAPABILITY_PROBE.search(line) for line in probes)
+    assert not CAPABILITY_PROBE.search("value = getattr(self, name)  # a dataclass field")
+    methods = "not all(callable(getattr(policy, m, None)) for m in POLICY_METHODS)"
+    assert METHOD_PROBE.search(methods)
+    assert METHOD_PROBE.search("if not callable(getattr(owner, name, None)):")

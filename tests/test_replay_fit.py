@@ -18,7 +18,7 @@ from mambaradix.replay.checks import policy_own_memory, policy_state_bytes, poli
 from mambaradix.replay.fit import TRACK_SLOTS, check_memory, fit, policy_fit, pools_for
 from mambaradix.replay.models import ModelProfile, get_profile
 from mambaradix.replay.policies import SINGLE_RUN, make_policy
-from mambaradix.replay.run import replay
+from mambaradix.replay.run import replay, replay_checked
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.sweep import sweep, table
 from mambaradix.replay.trace import Trace, TraceRequest
@@ -358,10 +358,10 @@ def test_cli_run_that_serves_nothing_fails(
     import mambaradix.replay.cells as cells_module  # where the sweep runs a cell
 
     def serves_nothing(*args: Any) -> dict[str, Any]:
-        r = replay(*args)
+        r = replay_checked(*args)
         return {**r, "served": 0, "dropped": r["requests"], "token_hit_rate": 0.0}
 
-    monkeypatch.setattr(cells_module, "replay", serves_nothing)
+    monkeypatch.setattr(cells_module, "replay_checked", serves_nothing)
     assert main(cli(dropped_trace, tmp_path, "1", "sglang")) == 1
     err = capsys.readouterr().err
     assert "mambaradix replay: error: nothing was served (sglang at 1 GB)" in err

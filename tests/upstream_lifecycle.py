@@ -514,8 +514,14 @@ class UpstreamLifecycle:
             state_evictable_size=inner.mamba_evictable_size,
             state_protected_size=inner.mamba_protected_size,
         )
-        self.kv = _View(available_size=self.kv_alloc.available_size, capacity=kv_tokens)
-        self.rows = _View(available_size=self.pool.available_size, capacity=rows)
+        self.kv = _View(
+            available_size=self.kv_alloc.available_size, capacity=kv_tokens, reclaims_cache=False
+        )
+        self.rows = _View(
+            available_size=self.pool.available_size,
+            capacity=rows,
+            max_context=self.pool.max_context_len,  # the width of upstream's table
+        )
         self.slots = _View(
             available_size=self.pool.mamba_allocator.available_size, capacity=state_slots
         )

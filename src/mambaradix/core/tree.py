@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import operator
 from array import array
-from typing import Any, NoReturn, Protocol, SupportsIndex
+from typing import Any, NoReturn, Protocol, SupportsIndex, runtime_checkable
 
 from mambaradix.core import unified
 from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_0_5_23, resolve_compat
@@ -66,6 +66,7 @@ from mambaradix.core.threads import guard as guard_threads
 KV, STATE = Resource.KV, Resource.STATE
 
 
+@runtime_checkable  # `add_listener` refuses what is not one (isinstance)
 class TreeListener(Protocol):
     """Told about every change to what a tree caches (see `add_listener`).
 
@@ -93,6 +94,7 @@ class TreeListener(Protocol):
 
 
 _LISTENER_METHODS = tuple(n for n in vars(TreeListener) if not n.startswith("_"))
+_OWNER_METHODS = tuple(n for n in vars(KVOwner) if not n.startswith("_"))
 
 
 class LockReceipt:
@@ -220,9 +222,11 @@ class MambaRadixCache:
     def attach_kv_owner(self, owner: KVOwner) -> None:
         """Check every KV index `insert` takes against `owner` (the KV pool whose slots
         the tree caches, see `core/ownership.py`) from now on. The tree must be empty."""
-        for name in ("claim", "release", "held_by_tree", "refusal", "tree_indices"):
-            if not callable(getattr(owner, name, None)):
-                raise TypeError(f"owner has no method {name}()")
+        if not isinstance(owner, KVOwner):
+            raise TypeError(
+                f"owner must be a KVOwner (with {', '.join(_OWNER_METHODS)}), "
+                f"got {type(owner).__name__}"
+            )
         if self.root.children:
             raise ValueError("attach_kv_owner() needs an empty tree (reset() it first)")
         self._kv_owner = owner
@@ -234,9 +238,11 @@ class MambaRadixCache:
 
     def add_listener(self, listener: TreeListener) -> None:
         """Tell `listener` about every later change (see `TreeListener`)."""
-        for name in _LISTENER_METHODS:
-            if not callable(getattr(listener, name, None)):
-                raise TypeError(f"listener has no method {name}()")
+        if not isinstance(listener, TreeListener):
+            raise TypeError(
+                f"listener must be a TreeListener (with {', '.join(_LISTENER_METHODS)}), "
+                f"got {type(listener).__name__}"
+            )
         if any(x is listener for x in self._listeners):
             raise ValueError("listener is already registered")
         self._listeners += (listener,)

@@ -10,10 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mambaradix.core.compat import COMPAT_MODES, resolve_compat
+from mambaradix.core.compat import resolve_compat
 from mambaradix.engine.device import check_dtype
+from mambaradix.lifecycle.manager import rules_release
 from mambaradix.lifecycle.strategy import PAGE_RULE, check_strategy, takes_page
-from mambaradix.scheduler import admission_need, fits_alone, kv_needed_alone, slots_alone
+from mambaradix.scheduler import (
+    CheckpointPolicy,
+    admission_need,
+    fits_alone,
+    kv_needed_alone,
+    slots_alone,
+)
 from mambaradix.validate import (
     HOST_BYTES_PER_ID,
     as_bool,
@@ -39,7 +46,11 @@ __all__ = [
 ]
 
 TRACK_SLOTS = 2  # extra_buffer's ping-pong (CacheManager's default)
-POLICY_METHODS = ("stops", "cache_at", "insert_at_finish", "on_admitted", "on_cached")
+# What a `checkpoints` must have, for the error: the protocol's attribute and methods.
+POLICY_MEMBERS = (
+    *CheckpointPolicy.__annotations__,
+    *(name for name in vars(CheckpointPolicy) if not name.startswith("_")),
+)
 
 
 def min_state_slots(prefix_cache: bool, strategy: str = "no_buffer") -> int:
@@ -104,31 +115,26 @@ def check_engine_args(**kw: Any) -> None:
     as_positive(kw["max_running"], "max_running")
     if kw["max_context"] is not None:
         as_positive(kw["max_context"], "max_context")
-    resolve_compat(kw["compat"])  # ValueError naming the choices
+    compat = resolve_compat(kw["compat"])  # ValueError naming the choices
     check_dtype(kw["dtype"])
     if kw["model_overrides"] is not None:
         as_type(kw["model_overrides"], dict, "model_overrides")
     for name in ("batch_decode", "deterministic", "keep_logits"):
         as_bool(kw[name], name)
-    _check_plugins(kw)
+    _check_plugins(kw, compat)
     if kw["deterministic"] and strategy != "no_buffer":
         raise ValueError("deterministic=True needs strategy='no_buffer'")
 
 
-def _check_plugins(kw: dict[str, Any]) -> None:
+def _check_plugins(kw: dict[str, Any], compat: str | None) -> None:
     """What is handed in as an object: TypeError now, not in the middle of a run."""
-    rules, evictor, policy, net = (kw[k] for k in ("sglang_rules", "evictor", "checkpoints", "net"))
-    if rules is not None and not isinstance(rules, bool | str):
-        raise TypeError(
-            f"sglang_rules must be None, a bool or a release name, got {type(rules).__name__}"
-        )
-    if isinstance(rules, str) and rules not in COMPAT_MODES:
-        raise ValueError(f"sglang_rules must be an SGLang release name, got {rules!r}")
+    evictor, policy, net = (kw[k] for k in ("evictor", "checkpoints", "net"))
+    rules_release(compat, kw["sglang_rules"])  # the lifecycle's rule
     if not callable(evictor):
         raise TypeError(f"evictor must be a callable, got {type(evictor).__name__}")
-    if policy is not None and not all(callable(getattr(policy, m, None)) for m in POLICY_METHODS):
+    if policy is not None and not isinstance(policy, CheckpointPolicy):
         raise TypeError(
-            f"checkpoints must be None or a CheckpointPolicy (with {', '.join(POLICY_METHODS)}), "
+            f"checkpoints must be None or a CheckpointPolicy (with {', '.join(POLICY_MEMBERS)}), "
             f"got {type(policy).__name__}"
         )
     if net is not None and not isinstance(net, torch.nn.Module):

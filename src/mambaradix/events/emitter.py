@@ -41,6 +41,7 @@ from mambaradix.events.model import (
     BlockRemoved,
     BlockStored,
     Event,
+    check_block_size,
 )
 
 
@@ -69,8 +70,7 @@ class EventEmitter:
     def __init__(self, tree: MambaRadixCache, block_size: int) -> None:
         if not isinstance(tree, MambaRadixCache):
             raise TypeError(f"tree must be a MambaRadixCache, got {type(tree).__name__}")
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        check_block_size(block_size)
         if block_size % tree.page_size:
             raise ValueError(
                 f"block_size ({block_size}) must be a multiple of the tree's page_size "

@@ -32,6 +32,14 @@ FULL_PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_att
 STATE_KINDS = frozenset({"mamba"})
 
 
+def check_block_size(block_size: object) -> int:
+    """Tokens per block, for whoever makes or reads events (the emitter, the indexer):
+    ValueError naming `block_size` unless a positive int (not a bool)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    return block_size
+
+
 @dataclass(frozen=True, slots=True)
 class BlockStored:
     """`token_ids` (whole blocks of `block_size`, the first a child of

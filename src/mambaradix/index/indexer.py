@@ -60,6 +60,7 @@ from mambaradix.events.model import (
     BlockRemoved,
     BlockStored,
     Event,
+    check_block_size,
 )
 
 log = logging.getLogger("mambaradix.index")
@@ -329,8 +330,7 @@ class Indexer:
     `query_tiers` (per tier)."""
 
     def __init__(self, block_size: int, hybrid: bool = True) -> None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        check_block_size(block_size)
         _check_hybrid(hybrid)
         self.block_size = block_size
         self.default_hybrid = hybrid

@@ -4,10 +4,10 @@ or held by exactly one request, exactly once."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from mambaradix.lifecycle.manager import CacheManager
+    from mambaradix.lifecycle.manager import CacheManager, KVAllocator, SlotAllocator
 
 
 def check_conservation(mgr: CacheManager) -> None:
@@ -42,11 +42,13 @@ def _check_pool_map(mgr: CacheManager, held_kv: list[int]) -> None:
         raise AssertionError("a KV index is held by a request and by the tree at once")
 
 
-def _check_owned(what: str, pool: Any, tree: list[int], held: list[int], unit: int) -> None:
+def _check_owned(
+    what: str, pool: KVAllocator | SlotAllocator, tree: list[int], held: list[int], unit: int
+) -> None:
     owned = tree + held
     # A pool that shares a byte budget reports less than its free list as
     # available; conservation is about the free list itself.
-    free = getattr(pool, "free_list_size", pool.available_size)() // unit
+    free = pool.free_list_size() // unit
     capacity = pool.capacity // unit
     if any(pool.is_free(i * unit) for i in owned):
         raise AssertionError(f"a {what} is owned and free at once")

@@ -63,22 +63,37 @@ from mambaradix.pools._checks import as_int
 SGLANG_STATE_HEADROOM = 3  # MAMBA_STATE_PER_REQ_PREFIX_CACHE: 2 ping-pong + 1 running
 
 
-class KVAllocator(Protocol):
-    def alloc(self, n: int) -> array[int] | None: ...
-    def free(self, indices: Any) -> None: ...
-    def available_size(self) -> int: ...
-    def is_free(self, i: int) -> bool: ...
-    @property
-    def capacity(self) -> int: ...
-
-
 class SlotAllocator(Protocol):
+    """State slots. `alloc` and `free` mutate; the rest are pure. `free_list_size` is one
+    of the optional capabilities `pools.defaults.SlotPoolDefaults` declares with its
+    default (a pool inherits it or overrides it)."""
+
     def alloc(self, n: int) -> Any: ...
     def free(self, slots: Any) -> None: ...
     def available_size(self) -> int: ...
+    def free_list_size(self) -> int: ...
     def is_free(self, i: int) -> bool: ...
     @property
     def capacity(self) -> int: ...
+
+
+class KVAllocator(Protocol):
+    """KV indices. `alloc`, `alloc_extend` and `free` mutate; the rest are pure.
+    `free_list_size`, `page_size`, `alloc_extend` and `reclaims_cache` are the optional
+    capabilities `pools.defaults.KVPoolDefaults` declares with their defaults."""
+
+    def alloc(self, n: int) -> array[int] | None: ...
+    def alloc_extend(self, last_index: int | None, n: int) -> array[int] | None: ...
+    def free(self, indices: Any) -> None: ...
+    def available_size(self) -> int: ...
+    def free_list_size(self) -> int: ...
+    def is_free(self, i: int) -> bool: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def reclaims_cache(self) -> bool: ...
 
 
 class StatePool(Protocol):
@@ -87,11 +102,16 @@ class StatePool(Protocol):
 
 
 class RowTable(Protocol):
+    """The request-to-token table: `alloc`, `free` and `write` mutate."""
+
     def alloc(self) -> int | None: ...
     def free(self, row: int) -> None: ...
     def write(self, row: int, start: int, indices: Any) -> None: ...
     def read(self, row: int, start: int, end: int) -> array[int]: ...
     def available_size(self) -> int: ...
+    @property
+    def max_context(self) -> int | None:
+        """Positions per row (None: the table sets no limit)."""
 
 
 Evictor = Callable[[MambaRadixCache, int, int], EvictResult]
@@ -134,7 +154,7 @@ class CacheManager:
     ) -> None:
         _check_setup(tree, kv, strategy, track_slots, page_checkpoints)
         _attach_kv_owner(tree, kv)
-        self.rules = _rules(tree.compat, sglang_rules)  # an SGLang release, or None: ours
+        self.rules = rules_release(tree.compat, sglang_rules)  # an SGLang release, or None
         self.tree, self.kv, self.slots, self.states, self.rows = tree, kv, slots, states, rows
         self.strategy = strategy
         self.extra_buffer = strategy == "extra_buffer"
@@ -242,7 +262,7 @@ class CacheManager:
         """Memory for one prefill batch: `lens[i]` more tokens of `reqs[i]`
         (each locked, matched or continuing). False, with every request and
         pool as before (evictions aside), if it cannot be had."""
-        _check_batch(reqs, lens, self._max_context())
+        _check_batch(reqs, lens, self.rows.max_context)
         self.evict_states_for(self._state_headroom(reqs))
         taken = self._take_rows_and_slots(reqs)
         if taken is None:
@@ -261,11 +281,6 @@ class CacheManager:
             self.active.add(req)
             self.staged.discard(req)
         return True
-
-    def _max_context(self) -> int | None:
-        """Positions per row of the request table (None: the table sets no limit)."""
-        context: int | None = getattr(self.rows, "max_context", None)
-        return context
 
     def _state_headroom(self, reqs: Sequence[Request]) -> int:
         """Free slots wanted before a prefill batch (SGLang 0.5.15.post1's
@@ -330,15 +345,12 @@ class CacheManager:
 
     def _alloc_kv_for(self, req: Request, n: int) -> array[int] | None:
         """n KV indices continuing req's row (paged: the tail of its last page first)."""
-        alloc_extend = getattr(self.kv, "alloc_extend", None)
-        if alloc_extend is None:
-            return self.kv.alloc(n)
         last = None
-        if req.computed > req.prefix_len:  # the request owns the page of its last token
+        # The request owns the page of its last token; at page 1 that page has no room.
+        if self.page_size > 1 and req.computed > req.prefix_len:
             assert req.row is not None
             last = self.rows.read(req.row, req.computed - 1, req.computed)[0]
-        got: array[int] | None = alloc_extend(last, n)
-        return got
+        return self.kv.alloc_extend(last, n)
 
     def _start_states(self, reqs: Sequence[Request]) -> None:
         """The deferred copy-on-write and the zeroing of fresh running slots."""
@@ -368,7 +380,7 @@ class CacheManager:
         """KV for one more token of every request; False (nothing changed) if short."""
         if len(set(map(id, reqs))) != len(reqs):
             raise ValueError("alloc_decode needs distinct requests")
-        context = self._max_context()
+        context = self.rows.max_context
         for req in reqs:
             self._check_active(req)
             if req.computed >= req.total_len:
@@ -568,8 +580,10 @@ def _check_batch(reqs: Sequence[Request], lens: Sequence[int], context: int | No
             )
 
 
-def _rules(compat: str | None, sglang_rules: bool | str | None) -> str | None:
-    """The SGLang release whose scheduler rules a manager applies (None: ours)."""
+def rules_release(compat: str | None, sglang_rules: bool | str | None) -> str | None:
+    """The SGLang release whose scheduler rules a manager on a tree of `compat` (resolved)
+    applies (None: ours); TypeError / ValueError naming `sglang_rules` (the one home of its
+    rule: `Engine` asks here before it builds anything)."""
     if sglang_rules is None:
         return compat
     if sglang_rules is False:
@@ -595,7 +609,7 @@ def _attach_kv_owner(tree: MambaRadixCache, kv: Any) -> None:
 
 
 def _check_setup(
-    tree: MambaRadixCache, kv: Any, strategy: str, track_slots: int, page_checkpoints: bool
+    tree: MambaRadixCache, kv: KVAllocator, strategy: str, track_slots: int, page_checkpoints: bool
 ) -> None:
     check_strategy(strategy)
     if not takes_page(strategy, tree.page_size) and page_checkpoints is not True:
@@ -605,7 +619,7 @@ def _check_setup(
         )
     if strategy == "extra_buffer" and (isinstance(track_slots, bool) or track_slots not in (1, 2)):
         raise ValueError(f"track_slots must be 1 or 2, got {track_slots!r}")
-    kv_page = getattr(kv, "page_size", 1)
+    kv_page = kv.page_size
     if kv_page != tree.page_size:
         raise ValueError(
             f"the KV allocator's page_size ({kv_page}) differs from the tree's ({tree.page_size})"

@@ -19,20 +19,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mambaradix.geometry.layers import DTYPE_BYTES, dtype_bytes
 from mambaradix.pools._checks import as_positive
 
 __all__ = ["DTYPE_SIZES", "StateGeometry"]
 
-DTYPE_SIZES: dict[str, int] = {
-    "float64": 8,
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "int8": 1,
-}
-"""Bytes per element of each dtype name a geometry may use (torch names)."""
+DTYPE_SIZES = DTYPE_BYTES  # one table of dtype sizes: the model geometry's
 
 
 def _as_shape(value: object, name: str) -> tuple[int, ...]:
@@ -41,13 +33,6 @@ def _as_shape(value: object, name: str) -> tuple[int, ...]:
     if not value:
         raise ValueError(f"{name} must have at least one dimension")
     return tuple(as_positive(d, f"{name}[{k}]") for k, d in enumerate(value))
-
-
-def _check_dtype(value: object, name: str) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-    if value not in DTYPE_SIZES:
-        raise ValueError(f"{name}: unknown dtype {value!r}; known: {sorted(DTYPE_SIZES)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +57,8 @@ class StateGeometry:
             )
         conv = tuple(_as_shape(s, f"conv_shapes[{k}]") for k, s in enumerate(self.conv_shapes))
         ssm = _as_shape(self.ssm_shape, "ssm_shape")
-        _check_dtype(self.conv_dtype, "conv_dtype")
-        _check_dtype(self.ssm_dtype, "ssm_dtype")
+        dtype_bytes(self.conv_dtype, "conv_dtype")
+        dtype_bytes(self.ssm_dtype, "ssm_dtype")
         # Frozen: normalise lists to tuples (and numpy ints to int) in place.
         object.__setattr__(self, "num_layers", int(self.num_layers))
         object.__setattr__(self, "conv_shapes", conv)

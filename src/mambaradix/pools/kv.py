@@ -15,7 +15,9 @@ hands out 0, 1, 2, ... in ascending order.
 Both know, one byte per index, whether it is free, a request's or the radix
 tree's (`pools/ownership.py`), and are the tree's `KVOwner` (`core/ownership.py`):
 `CacheManager` attaches its allocator to its tree, which then takes only indices
-a request holds, and `free` refuses the ones the tree holds.
+a request holds, and `free` refuses the ones the tree holds. Both declare the optional
+capabilities of `pools.defaults` (the token allocator keeps the defaults: page 1,
+`alloc_extend` is `alloc`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from mambaradix.pools._checks import (
     check_in_range,
 )
 from mambaradix.pools._freelist import FreeStack
+from mambaradix.pools.defaults import KVPoolDefaults
 from mambaradix.pools.ownership import FREE, REQUEST, TREE, SlotOwners
 
 __all__ = ["PagedKVAllocator", "TokenKVAllocator"]
@@ -64,7 +67,7 @@ class _OwnerMethods:
         return self._owners.tree_indices()
 
 
-class TokenKVAllocator(_OwnerMethods):
+class TokenKVAllocator(_OwnerMethods, KVPoolDefaults):
     """Token indices 0..size-1, one at a time (page size 1).
 
     Invariant: available_size() + (indices held by callers) == capacity.
@@ -115,7 +118,7 @@ class TokenKVAllocator(_OwnerMethods):
         return f"TokenKVAllocator(capacity={self.capacity}, available={self.available_size()})"
 
 
-class PagedKVAllocator(_OwnerMethods):
+class PagedKVAllocator(_OwnerMethods, KVPoolDefaults):
     """Token indices 0..size-1 grouped in pages of `page_size` consecutive
     indices; page p holds p*page_size .. p*page_size + page_size - 1.
 

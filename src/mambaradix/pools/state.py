@@ -25,6 +25,7 @@ from mambaradix.pools._checks import (
     check_unique,
 )
 from mambaradix.pools._freelist import FreeStack
+from mambaradix.pools.defaults import SlotPoolDefaults
 
 __all__ = [
     "EMPTY_FINGERPRINT",
@@ -60,7 +61,7 @@ def fingerprint_of(tokens: Iterable[int]) -> int:
     return advance_fingerprint(EMPTY_FINGERPRINT, tokens)
 
 
-class StateSlotAllocator:
+class StateSlotAllocator(SlotPoolDefaults):
     """State slots 0..size-1. LIFO like the KV allocators: the most recently
     freed slots are reused first; a fresh allocator hands out 0, 1, 2, ...
 

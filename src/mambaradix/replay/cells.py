@@ -2,7 +2,8 @@
 
 `build_cells` gives them in one fixed order (state fraction, then memory, then router,
 then policy, each in the order given), the order of a sweep's results, of its shards
-(`shards.py`) and of a merge. `run_cell` runs one with the trace and the profile passed
+(`shards.py`) and of a merge. `run_sweep_cell` runs one of a sweep's (the sweep checked
+them all) and `run_cell` any other, checked first; each takes the trace and the profile
 explicitly, so that any executor can run it (a forked process, another machine).
 """
 
@@ -11,9 +12,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from mambaradix.replay.cluster import ClusterSpec, cluster_replay
+from mambaradix.replay.cluster import ClusterSpec, cluster_replay, cluster_replay_checked
 from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.run import replay
+from mambaradix.replay.run import replay, replay_checked
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace
 
@@ -62,7 +63,17 @@ def row_key(row: dict[str, Any]) -> CellKey:
 
 
 def run_cell(work: Work, cell: Cell) -> dict[str, Any]:
+    """One cell, checked first (`replay`, `cluster_replay`): the planner's points."""
     trace, profile = work
     if cell.cluster is None or cell.router is None:
         return replay(trace, profile, cell.policy, cell.cfg)
     return cluster_replay(trace, profile, cell.policy, cell.cfg, cell.router, cell.cluster)
+
+
+def run_sweep_cell(work: Work, cell: Cell) -> dict[str, Any]:
+    """One cell of a `sweep`, which checked every cell (the memory fit of each point
+    included) before the first ran: nothing is checked again per cell."""
+    trace, profile = work
+    if cell.cluster is None or cell.router is None:
+        return replay_checked(trace, profile, cell.policy, cell.cfg)
+    return cluster_replay_checked(trace, profile, cell.policy, cell.cfg, cell.router, cell.cluster)

@@ -154,17 +154,14 @@ def check_cluster(
     whole pages of the tree (`cluster.py`); both None for a plain sweep.
     `names`: the two parameters as the caller calls them."""
     from mambaradix.replay.cluster import ClusterSpec
-    from mambaradix.replay.routers import ROUTERS
+    from mambaradix.replay.routers import check_router_names
     from mambaradix.replay.serving import page_units
 
     if routers is None and cluster is None:
         return None
     routers_name, cluster_name = names
     known = _str_list(routers, routers_name)
-    if unknown := [r for r in known if r not in ROUTERS]:
-        raise ValueError(
-            f"{routers_name}: unknown router {', '.join(unknown)}; choose from {', '.join(ROUTERS)}"
-        )
+    check_router_names(known, routers_name)
     as_type(cluster, ClusterSpec, cluster_name)
     assert isinstance(cluster, ClusterSpec)
     block = cluster.block_tokens

@@ -288,6 +288,19 @@ def cluster_replay(
     check_paged([policy], trace, cfg, "policy")
     check_cluster([router], spec, trace, cfg, ("router", "spec"))
     check_memory(trace, profile, cfg, {policy: policy_strategy(policy)})
+    return cluster_replay_checked(trace, profile, policy, cfg, router, spec)
+
+
+def cluster_replay_checked(
+    trace: Trace,
+    profile: ModelProfile,
+    policy: str,
+    cfg: ServingConfig,
+    router: str,
+    spec: ClusterSpec,
+) -> dict[str, Any]:
+    """`cluster_replay` of a point its caller has already checked as `cluster_replay`
+    checks (`sweep` checks every cell before the first runs)."""
     cluster = Cluster(trace, profile, policy, cfg, make_router(router, spec.overlap_weight), spec)
     start = time.perf_counter()
     cluster.run()

@@ -15,7 +15,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mambaradix.replay.routers import ROUTERS
+from mambaradix.replay.routers import ROUTERS, check_router_names
 
 if TYPE_CHECKING:  # the replay itself is imported only when a command runs
     from mambaradix.replay.cluster import ClusterSpec
@@ -123,9 +123,7 @@ def _routers(text: str | None) -> list[str]:
     names = [x for x in names if x]
     if not names:
         raise ValueError(f"--router must name at least one of {', '.join(ROUTERS)}")
-    unknown = [x for x in names if x not in ROUTERS]
-    if unknown:
-        raise ValueError(f"unknown router {', '.join(unknown)}; choose from {', '.join(ROUTERS)}")
+    check_router_names(names, "--router")
     if repeated := sorted({x for x in names if names.count(x) > 1}):
         raise ValueError(f"--router: {', '.join(repeated)} given twice")  # a row each, twice
     return names

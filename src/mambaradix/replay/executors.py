@@ -1,7 +1,7 @@
 """Where a sweep's cells run, beyond the local process pool.
 
 `sweep(..., executor=...)` takes any `concurrent.futures.Executor`. Cells are submitted
-as `run_cell(work, cell)` with `work = (trace, profile)` passed by value (pickled), never
+as `run_sweep_cell(work, cell)` with `work = (trace, profile)` passed by value (pickled), never
 by name: a remote worker needs neither the bundled data nor the `text` extra. An executor
 that can place data on its workers once (`SharingExecutor.share`) gets the work that way
 instead of once per cell.
@@ -19,7 +19,7 @@ from concurrent.futures import Executor, Future, as_completed
 from importlib import import_module
 from typing import Any
 
-from mambaradix.replay.cells import Cell, Work, run_cell
+from mambaradix.replay.cells import Cell, Work, run_sweep_cell
 
 _DASK_URL = re.compile(r"^dask://([A-Za-z0-9.\-\[\]:]+):(\d{1,5})$")
 
@@ -80,7 +80,7 @@ def run_on(
     """Run every cell on `executor`; results in completion order."""
     shared = executor.share(work) if isinstance(executor, SharingExecutor) else work
     futures: Iterable[Future[dict[str, Any]]] = [
-        executor.submit(run_cell, shared, cell) for cell in cells
+        executor.submit(run_sweep_cell, shared, cell) for cell in cells
     ]
     results = []
     for f in as_completed(futures):

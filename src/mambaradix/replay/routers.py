@@ -182,6 +182,14 @@ ROUTERS: dict[str, type[Router]] = {
 }
 
 
+def check_router_names(names: list[str], name: str) -> None:
+    """ValueError naming the parameter `name` when one of `names` is not a router."""
+    if unknown := [r for r in names if r not in ROUTERS]:
+        raise ValueError(
+            f"{name}: unknown router {', '.join(unknown)}; choose from {', '.join(ROUTERS)}"
+        )
+
+
 def make_router(name: str, weight: float = 1.0) -> Router:
     """A fresh router (routers keep state: the round-robin position, sessions)."""
     cls = ROUTERS.get(name)

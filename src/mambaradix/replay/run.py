@@ -55,6 +55,18 @@ def replay(
     as_bool(per_request, "per_request")
     check_paged([policy_name], trace, cfg, "policy_name")
     check_memory(trace, profile, cfg, {policy_name: policy_strategy(policy_name)})
+    return replay_checked(trace, profile, policy_name, cfg, per_request)
+
+
+def replay_checked(
+    trace: Trace,
+    profile: ModelProfile,
+    policy_name: str,
+    cfg: ServingConfig,
+    per_request: bool = False,
+) -> dict[str, Any]:
+    """`replay` of a point its caller has already checked as `replay` checks (`sweep`
+    checks every cell before the first runs, so a cell does not check again)."""
     if policy_name == ORACLE:
         return oracle_result([_replay(trace, profile, n, cfg, per_request) for n in oracle_runs()])
     return _replay(trace, profile, policy_name, cfg, per_request)

@@ -319,8 +319,8 @@ class ServingModel:
             self.kv_unit_bytes,
             self.state_bytes,
         )
-        tiered.adopt = getattr(self.policy, "adopt_loaded", None)
-        tiered.pool = getattr(self.policy, "pool", None)
+        tiered.adopt = self.policy.adopt_loaded
+        tiered.pool = self.policy.pool
         return tiered
 
     def _budget_bytes(self, budget: int) -> int:
@@ -486,7 +486,7 @@ class ServingModel:
 
     def _track_peaks(self) -> None:
         kv, slots = self.cache.kv, self.cache.slots
-        used_kv = kv.capacity - getattr(kv, "free_list_size", kv.available_size)()
-        used_slots = slots.capacity - getattr(slots, "free_list_size", slots.available_size)()
+        used_kv = kv.capacity - kv.free_list_size()
+        used_slots = slots.capacity - slots.free_list_size()
         self.peak_kv = max(self.peak_kv, used_kv)
         self.peak_states = max(self.peak_states, used_slots)

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any, BinaryIO
 
 from mambaradix.replay.bound import bound_token_hit_rate
-from mambaradix.replay.cells import Cell, build_cells, row_key, run_cell
+from mambaradix.replay.cells import Cell, build_cells, row_key, run_sweep_cell
 from mambaradix.replay.checks import (
     check_cluster,
     check_inputs,
@@ -35,7 +35,7 @@ _WORK: tuple[Trace, ModelProfile] | None = None  # inherited by forked workers
 
 def _one(cell: Cell) -> dict[str, Any]:
     assert _WORK is not None
-    return run_cell(_WORK, cell)
+    return run_sweep_cell(_WORK, cell)
 
 
 def sweep(

@@ -27,6 +27,8 @@ independently of `plan` before every insert); the device pools' conservation
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +61,10 @@ from mambaradix.tiers.cost import HitCost, Prefill, break_even
 if TYPE_CHECKING:
     from mambaradix.replay.models import ModelProfile
     from mambaradix.replay.serving import ServingConfig
+    from mambaradix.replay.vllm_pool import BlockPool
+
+    # `Policy.adopt_loaded(tokens, start, kv, freed, slot)`
+    Adopt = Callable[[array[int], int, array[int], set[int], int | None], None]
 
 __all__ = [
     "HOST",
@@ -129,8 +135,8 @@ class TieredCache:
         self.residency = Residency(self.tiers, self.tracker, cache.page_size)
         cache.tree.add_listener(self.tracker)
         self.loads: dict[Request, Load] = {}
-        self.adopt: Any = None  # the policy's `adopt_loaded`, when it keeps block books
-        self.pool: Any = None  # the policy's block pool, when it keeps one
+        self.adopt: Adopt | None = None  # the policy's `adopt_loaded` (`Policy`)
+        self.pool: BlockPool | None = None  # the policy's block pool, when it keeps one
 
     # ------------------------------------------------------------------ lookup
 
@@ -198,7 +204,7 @@ class TieredCache:
         if result.node is not None and not result.state_existed:
             self.residency.restored(result.node, choice.depth, key)
         tier = STORE if load.store_bytes else HOST
-        if self.adopt is not None:  # a policy with its own block books (vLLM's)
+        if self.adopt is not None:  # a no-op but for a policy with its own books (vLLM's)
             kept = None if result.state_existed else done.slot
             self.adopt(key, start, done.kv, set(result.freed_kv), kept)
         self.residency.touch(key, choice.depth)
@@ -224,9 +230,8 @@ class TieredCache:
         the block pool's for a policy that keeps one (vLLM's: its cached blocks are not
         the lifecycle's)."""
         self.residency.check_invariants()
-        pool = getattr(self, "pool", None)
-        if pool is not None:
-            pool.check()
+        if self.pool is not None:
+            self.pool.check()
         else:
             self.cache.check_conservation()
 

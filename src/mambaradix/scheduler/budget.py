@@ -97,7 +97,7 @@ class PrefillBudget:
 
     def _free(self) -> int:
         kv = self.cache.kv
-        if getattr(kv, "reclaims_cache", False):  # its available size counts the cache
+        if kv.reclaims_cache:  # its available size counts the cache
             return kv.available_size()
         return kv.available_size() + self.cache.tree.full_evictable_size()
 

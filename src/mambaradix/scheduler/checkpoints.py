@@ -27,7 +27,7 @@ still decides whether a tracked state is kept at a chunk end.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from mambaradix.core.node import TreeNode
 from mambaradix.lifecycle import Request
@@ -35,6 +35,7 @@ from mambaradix.lifecycle import Request
 CHUNK, STOP, PROMPT_END, DECODED, FINISH = "chunk", "stop", "prompt_end", "decoded", "finish"
 
 
+@runtime_checkable  # the engine refuses a `checkpoints` that is not one (isinstance)
 class CheckpointPolicy(Protocol):
     """Decisions the scheduler asks for; every method is called between forwards."""
 

@@ -94,7 +94,7 @@ class Scheduler:
         """Queue a new sequence (once: a retracted one is queued again by the scheduler)."""
         if seq.submitted or seq.status != WAITING or seq.req.admitted:
             raise ValueError("sequence already submitted: submit a new one")
-        context = getattr(self.cache.rows, "max_context", None)
+        context = self.cache.rows.max_context
         need = len(seq.req.input_ids) + seq.max_new_tokens - 1  # the last token has no KV
         if context is not None and need > context:
             raise ValueError(

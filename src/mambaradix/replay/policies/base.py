@@ -16,18 +16,19 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager, Request
-from mambaradix.lifecycle.manager import RowTable
+from mambaradix.lifecycle.manager import KVAllocator, RowTable, SlotAllocator
 from mambaradix.replay.tier_rules import OURS, TierRules
 from mambaradix.scheduler import PROMPT_END, DefaultCheckpoints
 
 if TYPE_CHECKING:
     from mambaradix.replay.models import ModelProfile
+    from mambaradix.replay.vllm_pool import BlockPool
 
 T = TypeVar("T")
 
@@ -126,6 +127,9 @@ class Policy:
     """Checkpoint kinds whose `cache_at` answer weighs the state against what is
     cached (an admission decision), not where states go; `replay.explain` counts
     their refusals as admission refused."""
+    pool: BlockPool | None = None
+    """The block pool of a policy that keeps its own books of what is cached (vLLM's);
+    None: the lifecycle's books are the only ones (the tiers check its conservation)."""
 
     def attach(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
@@ -167,11 +171,18 @@ class Policy:
 
     def build_memory(
         self, budget: int, kv_unit_bytes: int, profile: ModelProfile, unit_tokens: int
-    ) -> tuple[Any, Any] | None:
+    ) -> tuple[KVAllocator, SlotAllocator] | None:
         """The KV and state allocators of a `budget`-byte memory, when this policy's
         upstream lays its memory out its own way (vLLM's block pool); None for the
         replay's pools (`replay.memory`)."""
         return None
+
+    def adopt_loaded(
+        self, tokens: array[int], start: int, kv: array[int], freed: set[int], slot: int | None
+    ) -> None:
+        """A lower-tier load put `kv` in the tree from unit `start` on (less the indices
+        the tree had already, `freed`; the state in `slot`, None if the tree had one): a
+        policy with its own books (`pool`) enters them there; the base keeps none."""
 
     def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
         return tree.evict(kv_tokens=kv_units, states=states)
