@@ -1,0 +1,80 @@
+"""The optional compiled build of the core (docs/build.md); everything else is in pyproject.toml.
+
+Cython compiles the core's hot modules (`mambaradix._build.COMPILED`) as they are, each into
+`mambaradix/_compiled/<name>_<source tag>`. Optional: without Cython, without a C compiler,
+or with MAMBARADIX_NO_COMPILE=1, the install succeeds with the pure-Python core, and
+`mambaradix.BUILD` says "pure".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+CORE = Path("src/mambaradix/core")
+
+
+def load_build_module():  # type: ignore[no-untyped-def]
+    """src/mambaradix/_build.py by path: importing the package would need its dependencies."""
+    spec = importlib.util.spec_from_file_location("_mambaradix_build", ROOT / CORE.parent / "_build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class OptionalBuildExt(build_ext):
+    """Cythonizes each module at build time; any failure leaves the pure core in place."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as e:  # no compiler, no Python headers: the pure core serves
+            warn(f"compiled core not built ({type(e).__name__}: {e}); the pure-Python core runs")
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            from Cython.Build import cythonize
+
+            source = ext.sources[0]
+            name = "mambaradix.core." + Path(source).stem  # the module keeps its own name
+            c_dir = os.path.join(self.build_temp, "cython")
+            (c_ext,) = cythonize(
+                [Extension(name, [source])],
+                build_dir=c_dir,
+                compiler_directives={"language_level": 3},
+                quiet=True,
+            )
+            ext.sources = list(c_ext.sources)
+            if self.editable_mode or self.inplace:  # the copy into src/ needs the folder
+                os.makedirs(CORE.parent / "_compiled", exist_ok=True)
+            super().build_extension(ext)
+        except Exception as e:
+            warn(f"{ext.name} not built ({type(e).__name__}: {e}); the pure-Python core runs")
+
+
+def warn(text: str) -> None:
+    print(f"mambaradix setup: {text}", file=sys.stderr)
+
+
+def extensions() -> list[Extension]:
+    if os.environ.get("MAMBARADIX_NO_COMPILE", "") not in ("", "0"):
+        return []
+    build = load_build_module()
+    return [
+        Extension(
+            f"mambaradix._compiled.{name}_{build.source_tag(ROOT / CORE / f'{name}.py')}",
+            [str(CORE / f"{name}.py")],
+            extra_compile_args=["-O2", "-g0"],  # no debug info: half the compile time
+        )
+        for name in build.COMPILED
+    ]
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
