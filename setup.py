@@ -22,7 +22,8 @@ CORE = Path("src/mambaradix/core")
 
 def load_build_module():  # type: ignore[no-untyped-def]
     """src/mambaradix/_build.py by path: importing the package would need its dependencies."""
-    spec = importlib.util.spec_from_file_location("_mambaradix_build", ROOT / CORE.parent / "_build.py")
+    path = ROOT / CORE.parent / "_build.py"
+    spec = importlib.util.spec_from_file_location("_mambaradix_build", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
