@@ -12,6 +12,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parent
 CORE = Path("src/mambaradix/core")
 
 
-def load_build_module():  # type: ignore[no-untyped-def]
+def load_build_module() -> ModuleType:
     """src/mambaradix/_build.py by path: importing the package would need its dependencies."""
     path = ROOT / CORE.parent / "_build.py"
     spec = importlib.util.spec_from_file_location("_mambaradix_build", path)
