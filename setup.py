@@ -32,7 +32,8 @@ def load_build_module() -> ModuleType:
 
 
 class OptionalBuildExt(build_ext):
-    """Cythonizes each module at build time; any failure leaves the pure core in place."""
+    """Cythonizes the modules, then compiles them in parallel; any failure leaves the pure
+    core in place (a partial build is never loaded, see mambaradix/_build.py)."""
 
     def run(self) -> None:
         try:
@@ -40,15 +41,17 @@ class OptionalBuildExt(build_ext):
         except Exception as e:  # no compiler, no Python headers: the pure core serves
             warn(f"compiled core not built ({type(e).__name__}: {e}); the pure-Python core runs")
 
-    def build_extension(self, ext: Extension) -> None:
+    def build_extensions(self) -> None:
         try:
             from Cython.Build import cythonize
-
-            source = ext.sources[0]
-            name = "mambaradix.core." + Path(source).stem  # the module keeps its own name
-            c_dir = os.path.join(self.build_temp, "cython")
+        except ImportError:
+            warn("Cython is not installed; the pure-Python core runs")
+            return
+        c_dir = os.path.join(self.build_temp, "cython")
+        for ext in self.extensions:  # one thread: Cython itself is not run in parallel
+            name = "mambaradix.core." + Path(ext.sources[0]).stem  # the module keeps its name
             (c_ext,) = cythonize(
-                [Extension(name, [source])],
+                [Extension(name, ext.sources)],
                 build_dir=c_dir,
                 # annotations are not C types here: a float passed as an `int` must reach
                 # the code's own check, exactly as in the pure module
@@ -56,8 +59,13 @@ class OptionalBuildExt(build_ext):
                 quiet=True,
             )
             ext.sources = list(c_ext.sources)
-            if self.editable_mode or self.inplace:  # the copy into src/ needs the folder
-                os.makedirs(CORE.parent / "_compiled", exist_ok=True)
+        if self.editable_mode or self.inplace:  # the copy into src/ needs the folder
+            os.makedirs(CORE.parent / "_compiled", exist_ok=True)
+        self.parallel = self.parallel or os.cpu_count() or 1  # gcc runs, one per core
+        super().build_extensions()
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
             super().build_extension(ext)
         except Exception as e:
             warn(f"{ext.name} not built ({type(e).__name__}: {e}); the pure-Python core runs")
