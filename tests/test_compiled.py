@@ -117,6 +117,6 @@ def test_compiled_and_pure_decide_alike() -> None:
 @pytest.mark.slow
 def test_compiled_and_pure_decide_alike_long() -> None:
     require_compiled()
-    out = run_python([str(TESTS / "core_builds.py"), "8", "3000"])
+    out = run_python([str(TESTS / "core_builds.py"), "4", "3000"])  # about 20 s
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.count("same:") == 48
+    assert out.stdout.count("same:") == 24
