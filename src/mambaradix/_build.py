@@ -80,8 +80,9 @@ def pure_wanted() -> bool:
 def install() -> str:
     """Install the finder if the compiled build is wanted and complete; return the build
     that will load ("compiled" or "pure"). Call before the core is first imported."""
-    if any(isinstance(f, CompiledCore) for f in sys.meta_path):
-        return "compiled"
+    # at most one finder, this call's (mambaradix imported again after sys.modules was
+    # cleared, by a test or a benchmark loading both builds, brings a new module's class)
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "CompiledCore"]
     files = None if pure_wanted() else compiled_files()
     if files is None:
         return "pure"
