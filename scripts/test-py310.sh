@@ -2,7 +2,8 @@
 # The claim "Python >= 3.10", tested: .venv-py310 from a Python 3.10 (pyenv's, or $PYTHON310)
 # with the ranges of pyproject.toml and no constraints file (pip picks what 3.10 runs), then
 # the default tier there. The torch and engine extras are left out: the CPU build of torch
-# on these machines is for 3.11 only, and their tests skip without them.
+# on these machines is for 3.11 only, and their tests skip without them. scripts/test.sh runs
+# it with MAMBARADIX_PURE=1: the suite on the pure-Python core (docs/build.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON310:-$(ls -d /root/.pyenv/versions/3.10.*/bin/python 2>/dev/null | tail -1 || true)}

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from mambaradix import __version__
+from mambaradix._build import loaded_build
 from mambaradix.cli import main
 from test_replay_cli import RECORDS
 
@@ -208,7 +209,10 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     declared = re.search(r'^version = "([^"]+)"', pyproject, re.M)
     assert declared is not None
-    assert capsys.readouterr().out == f"mambaradix {declared.group(1)}\n"
+    # the build is the one the core's module files are (tests/test_compiled.py checks it)
+    build = loaded_build()
+    assert build in ("compiled", "pure")
+    assert capsys.readouterr().out == f"mambaradix {declared.group(1)} ({build} core)\n"
     assert __version__ == declared.group(1)
 
 

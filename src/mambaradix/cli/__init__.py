@@ -32,7 +32,7 @@ COMMANDS: dict[str, str] = {
 
 def parser() -> Parser:
     # imported here, inside main's Ctrl-C handling: they take a tenth of a second
-    from mambaradix import __version__
+    from mambaradix import BUILD, __version__
     from mambaradix.cli import demo, engine, explain, merge, plan, replay, trace
     from mambaradix.index.cli import add_parser as add_index_parser
 
@@ -45,7 +45,8 @@ def parser() -> Parser:
         "engine": engine.add,
     }
     top = Parser(prog="mambaradix", description=__doc__)
-    top.add_argument("--version", action="version", version=f"mambaradix {__version__}")
+    version = f"mambaradix {__version__} ({BUILD} core)"  # BUILD: mambaradix/_build.py
+    top.add_argument("--version", action="version", version=version)
     sub = top.add_subparsers(dest="command", required=True)
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

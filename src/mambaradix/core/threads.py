@@ -91,6 +91,12 @@ def _checked(method: Callable[..., Any], cls: str) -> Callable[..., Any]:
     return call
 
 
+def _is_method(value: Any) -> bool:
+    """A plain method: a Python function, or its compiled self (the core's compiled build
+    makes functions Cython's own type, which `inspect.isfunction` does not accept)."""
+    return inspect.isfunction(value) or type(value).__name__ == "cython_function_or_method"
+
+
 def guarded_class(cls: type[C]) -> type[C]:
     """`cls` with every public method checked (one subclass per class, made once)."""
     if cls in _GUARDED:
@@ -98,7 +104,7 @@ def guarded_class(cls: type[C]) -> type[C]:
     methods: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
         for name, value in vars(klass).items():
-            if not name.startswith("_") and inspect.isfunction(value):
+            if not name.startswith("_") and _is_method(value):
                 methods[name] = _checked(value, cls.__name__)
     guarded = type(f"ThreadChecked{cls.__name__}", (cls,), methods)
     _GUARDED[cls] = _GUARDED[guarded] = guarded

@@ -1,0 +1,106 @@
+"""Which build of the core runs: the compiled one (Cython) or the pure-Python one.
+
+The compiled build (docs/build.md) is the core's hot modules (`COMPILED`) compiled as they
+are by Cython, each into `mambaradix/_compiled/<name>_<tag>.<ext suffix>`, where `<tag>` is
+the SHA-256 (first 16 hex digits) of the `.py` it was compiled from. Nothing imports those
+files by their own names: `CompiledCore`, a meta-path finder that `mambaradix/__init__.py`
+installs before the core is first imported, hands `mambaradix.core.<name>` the compiled
+file only when every module of `COMPILED` has one whose tag is that of today's source. So:
+
+* an edited `.py` (a stale build) loads as pure Python, all of it, never a mix;
+* MAMBARADIX_PURE=1 (anything but "" or "0") installs no finder: the pure code runs;
+* `mambaradix.BUILD` says which one loaded ("compiled" or "pure").
+
+The pure `.py` files are the reference: the compiled modules are the same source, and
+tests/test_compiled.py drives both through one seeded operation sequence.
+
+Standard library only: `setup.py` loads this file by path to name what it compiles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+PURE_ENV = "MAMBARADIX_PURE"
+COMPILED = ("keys", "node", "lru", "ownership", "unified", "tree")  # mambaradix.core.<name>
+PACKAGE = Path(__file__).resolve().parent
+CORE = PACKAGE / "core"
+OUT = PACKAGE / "_compiled"
+
+
+def source_tag(source: Path) -> str:
+    """The tag a compiled module of `source` carries in its file name."""
+    return hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+
+
+def compiled_files(out: Path = OUT) -> dict[str, Path] | None:
+    """mambaradix.core.<name> -> its compiled file for today's source, for every name of
+    `COMPILED`; None when any one is missing (not built, or built from other source)."""
+    found: dict[str, Path] = {}
+    for name in COMPILED:
+        stem = f"{name}_{source_tag(CORE / f'{name}.py')}"
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = out / f"{stem}{suffix}"
+            if path.is_file():
+                found[f"mambaradix.core.{name}"] = path
+                break
+        else:
+            return None
+    return found
+
+
+class CompiledCore:
+    """Meta-path finder: `mambaradix.core.<name>` from its compiled file."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = files
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        file = self.files.get(fullname)
+        if file is None:
+            return None
+        # The module keeps its own name; the file's name only says which source it is.
+        loader = importlib.machinery.ExtensionFileLoader(fullname, str(file))
+        return importlib.util.spec_from_file_location(fullname, file, loader=loader)
+
+
+def pure_wanted() -> bool:
+    return os.environ.get(PURE_ENV, "") not in ("", "0")
+
+
+def install() -> str:
+    """Install the finder if the compiled build is wanted and complete; return the build
+    that will load ("compiled" or "pure"). Call before the core is first imported."""
+    # at most one finder, this call's (mambaradix imported again after sys.modules was
+    # cleared, by a test or a benchmark loading both builds, brings a new module's class)
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "CompiledCore"]
+    files = None if pure_wanted() else compiled_files()
+    if files is None:
+        return "pure"
+    sys.meta_path.insert(0, CompiledCore(files))
+    return "compiled"
+
+
+def loaded_build() -> str:
+    """The build the imported core modules come from, read from their files: "compiled",
+    "pure", or "mixed" (never expected: the finder loads all of them or none). Call after
+    the core is imported (`import mambaradix` imports it)."""
+    kinds = set()
+    for name in COMPILED:
+        module = sys.modules.get(f"mambaradix.core.{name}")
+        if module is not None:
+            is_py = str(getattr(module, "__file__", "")).endswith(".py")
+            kinds.add("pure" if is_py else "compiled")
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+__all__ = ["COMPILED", "CompiledCore", "install", "loaded_build", "source_tag"]

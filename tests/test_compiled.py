@@ -1,0 +1,122 @@
+"""The compiled core and its pure-Python reference (mambaradix/_build.py, docs/build.md).
+
+The compiled build must decide exactly as the pure one: tests/core_builds.py drives both
+through one seeded sequence, comparing every result, error, node id and tree. When the
+compiled build is absent that test skips, unless MAMBARADIX_REQUIRE_COMPILED=1 (as
+scripts/test.sh sets), where its absence fails."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mambaradix
+from mambaradix import _build
+
+TESTS = Path(__file__).resolve().parent
+PACKAGE_ROOT = Path(mambaradix.__file__).resolve().parents[1]  # src/, or site-packages
+REQUIRE_ENV = "MAMBARADIX_REQUIRE_COMPILED"
+CORE_NAMES = ("keys", "node", "lru", "ownership", "unified", "tree")  # the hot modules
+
+
+def run_python(code: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """`python *code` in a fresh process that imports this checkout's mambaradix."""
+    full = {k: v for k, v in os.environ.items() if k != _build.PURE_ENV}
+    full["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), str(TESTS)])
+    full.update(env)
+    return subprocess.run(
+        [sys.executable, *code], env=full, capture_output=True, text=True, timeout=120
+    )
+
+
+def build_of_files(files: list[str]) -> str:
+    """What the module files say, independently of the package's own report."""
+    if all(f.endswith(".py") for f in files):
+        return "pure"
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    if all(f.endswith(suffixes) and Path(f).parent.name == "_compiled" for f in files):
+        return "compiled"
+    return "mixed"
+
+
+REPORT = """
+import sys, mambaradix
+from mambaradix.cli import main
+files = [sys.modules['mambaradix.core.' + n].__file__ for n in sys.argv[1:]]
+print(mambaradix.BUILD, *files)
+main(['--version'])
+"""
+
+
+def test_the_hot_modules_are_the_ones_compiled() -> None:
+    assert set(_build.COMPILED) == set(CORE_NAMES)
+
+
+def test_report_matches_the_module_files() -> None:
+    files = [sys.modules[f"mambaradix.core.{n}"].__file__ or "" for n in CORE_NAMES]
+    assert build_of_files(files) == mambaradix.BUILD
+    want = "pure" if os.environ.get(_build.PURE_ENV, "") not in ("", "0") else None
+    if want or _build.compiled_files() is None:
+        assert mambaradix.BUILD == "pure"
+
+
+@pytest.mark.parametrize("pure", ["1", ""])
+def test_pure_env_forces_the_pure_core(pure: str) -> None:
+    out = run_python(["-c", REPORT, *CORE_NAMES], MAMBARADIX_PURE=pure)
+    assert out.returncode == 0, out.stderr
+    report, *files = out.stdout.splitlines()[0].split()
+    assert report == build_of_files(files)
+    built = _build.compiled_files() is not None
+    assert report == ("compiled" if built and not pure else "pure")
+    assert out.stdout.splitlines()[1] == f"mambaradix {mambaradix.__version__} ({report} core)"
+
+
+def test_a_build_from_other_source_is_not_loaded(tmp_path: Path) -> None:
+    """The finder takes a compiled file only if its name carries the SHA-256 of today's
+    source (an edited .py must never run as its old compiled self)."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    core = Path(_build.__file__).parent / "core"
+    for name in CORE_NAMES:
+        digest = hashlib.sha256((core / f"{name}.py").read_bytes()).hexdigest()[:16]
+        (tmp_path / f"{name}_{digest}{suffix}").write_bytes(b"")
+    found = _build.compiled_files(tmp_path)
+    assert found is not None and sorted(found) == sorted(f"mambaradix.core.{n}" for n in CORE_NAMES)
+    stale = next(tmp_path.glob("tree_*"))
+    stale.rename(tmp_path / f"tree_{'0' * 16}{suffix}")
+    assert _build.compiled_files(tmp_path) is None
+
+
+def require_compiled() -> None:
+    """Skip without a compiled build, or fail when one is required."""
+    if _build.compiled_files() is not None:
+        return
+    if os.environ.get(REQUIRE_ENV, "") not in ("", "0"):
+        pytest.fail(f"{REQUIRE_ENV} is set but the compiled core is not built (docs/build.md)")
+    pytest.skip("no compiled core built from this source (pip install -e .; docs/build.md)")
+
+
+def test_compiled_core_required_where_asked() -> None:
+    require_compiled()
+    if os.environ.get(_build.PURE_ENV, "") in ("", "0"):
+        assert mambaradix.BUILD == "compiled"
+
+
+def test_compiled_and_pure_decide_alike() -> None:
+    require_compiled()
+    out = run_python([str(TESTS / "core_builds.py"), "2", "300"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("same:") == 12  # 3 modes x 2 page sizes x 2 seeds
+
+
+@pytest.mark.slow
+def test_compiled_and_pure_decide_alike_long() -> None:
+    require_compiled()
+    out = run_python([str(TESTS / "core_builds.py"), "4", "3000"])  # about 20 s
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("same:") == 24
