@@ -25,6 +25,13 @@ eviction; otherwise only if its value at age 0 exceeds the lowest value held
 keeps its running state) and is always cached: it competes in the next
 eviction like any other item.
 
+Memory: one byte budget that KV and states draw on together, in every
+discipline (as vLLM's one block pool, and as Marconi's simulator): the value
+is per byte, so a state and the KV a leaf alone keeps compete for the same
+bytes, and no fixed share of memory sits idle for states while KV is short
+(or the reverse). Ablation `mambaradix/without-shared-budget`: the split
+pools (`ServingConfig.state_fraction`) the SGLang rows run on.
+
 Every constant is in `constants`, each with an ablation (`ABLATIONS`).
 """
 
@@ -56,6 +63,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "mambaradix/without-prompt-ends": {"prompt_ends": False},
     "mambaradix/without-free-pass": {"free_pass": False},
     "mambaradix/without-sampling": {"sample": 0},
+    "mambaradix/without-shared-budget": {"shared_budget": False},
 }
 """Each ablation row of the evaluation: our policy without one constant or rule."""
 
@@ -70,10 +78,12 @@ class Settings:
     prompt_ends: bool = True  # checkpoint input - 1; else only branch points, chunk ends, finish
     free_pass: bool = True  # split pools: a free state slot admits without comparing
     sample: int = C.RANK_SAMPLE  # rank a sample of this many (0: every evictable state)
+    shared_budget: bool = True  # KV and states on one byte budget; else split pools
 
     def __post_init__(self) -> None:
         as_finite_nonnegative(self.prior, "prior")
-        for name in ("classes", "ages", "sizes", "admission", "prompt_ends", "free_pass"):
+        names = ("classes", "ages", "sizes", "admission", "prompt_ends", "free_pass")
+        for name in (*names, "shared_budget"):
             as_bool(getattr(self, name), name)
         as_int_nonnegative(self.sample, "sample")
 
@@ -89,6 +99,7 @@ class MambaRadix(Policy):
         if unknown := [k for k in settings if k not in known]:
             raise TypeError(f"unknown setting {', '.join(unknown)}; choose from {', '.join(known)}")
         self.settings = Settings(**settings)
+        self.shared_budget = self.settings.shared_budget
         self.density = HitDensity(self.settings.prior)
         self.planned: dict[int, dict[int, str]] = {}  # id(req) -> position -> kind
         self.rng = random.Random(C.RANK_SEED)
