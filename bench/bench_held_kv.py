@@ -1,23 +1,20 @@
-"""Cost of `insert`'s KV ownership check (issue 7): the tree before it vs this checkout.
+"""Cost of `insert`'s KV ownership check on the core benchmark (issues 7, 19): off vs on.
 
-    .venv/bin/python bench/bench_held_kv.py [--base 6b439c9 --repeats 7 --ops 40000 --parts]
+    .venv/bin/python bench/bench_held_kv.py [--repeats 7 --ops 40000]
 
 Replays `bench_vs_sglang.py`'s serving-like op sequence (same generator, same defaults),
-in one process, through three trees, in both modes (compat="sglang-0.5.15.post1" and the default):
+in one process, through two trees, in both modes (compat="sglang-0.5.15.post1" and the
+default), in rotating order:
 
-* base:    the tree at commit `--base` (before any KV ownership check), exported from git
-           into a scratch directory and imported under its own module objects;
-* nocheck: this checkout's tree with its record of held KV indices replaced by one that
-           accepts everything and records nothing (the check's own cost, nothing else);
-* head:    this checkout's tree as shipped.
+* nocheck: the tree as a tree alone is built by default (no KV pool attached: unchecked);
+* head:    the same tree attached to a KV pool's owner map (`pools.ownership.SlotOwners`,
+           one byte per slot, every slot a request's at the start: the sequence allocates
+           its indices from a counter and never frees one), what the replay and the engine
+           run (a `CacheManager` attaches its KV allocator, whose map this is);
+* set:     the same tree with `check_kv=True`: a tree alone's own record of held KV
+           indices (`core.ownership.HeldSet`, a set), the opt-in without a pool.
 
-With `--parts`, one more tree splits the check's cost in two:
-
-* mark:    claims take the indices as one run without proving it (unsafe; measured only
-           for the split): they check and mark the byte map through `HeldKV`'s general
-           paths (`_any_held`, `_mark_run`, slower than `claim`'s inlined fast path);
-           releases are `HeldKV`'s own. head - mark is then the run proof (a lower bound),
-           mark - nocheck the byte map (an upper bound).
+The replay's own wall time with the check on and off: `bench/bench_ownership_replay.py`.
 """
 
 from __future__ import annotations
@@ -29,8 +26,6 @@ import statistics
 import subprocess
 import sys
 import tarfile
-import tempfile
-from array import array
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +35,8 @@ from drivers import REPO, replay_ours, warm_allocator  # noqa: E402
 from workload import OP_NAMES, WorkloadConfig, generate  # noqa: E402
 
 MODES = {"compat": "sglang-0.5.15.post1", "default": None}
-TREES = ("base", "nocheck", "head")
-PARTS = ("mark",)
+TREES = ("nocheck", "head", "set")
+SLOTS = 1 << 25  # the map's slots: above every index of the sequence at its defaults
 
 
 def load_tree(src: Path) -> Any:
@@ -71,43 +66,26 @@ def export_src(rev: str, into: Path) -> Path:
     return into / "src"
 
 
-class AcceptAll:
-    """Stands in for `HeldKV`: every claim succeeds as one run, nothing is recorded."""
+def with_pool(cls: Any) -> Any:
+    """`cls` attached to a stand-in pool's owner map (see the docstring)."""
+    from mambaradix.pools.ownership import SlotOwners
 
-    def claim(self, values: array[int], start: int, keep: int) -> bool:
-        return True
+    class Pooled(cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.attach_kv_owner(SlotOwners(bytearray(SLOTS)))
 
-    def release(self, values: array[int], run: bool) -> None:
-        pass
-
-
-def part_trees(head: Any) -> dict[str, Any]:
-    """The --parts tree, built on `head`'s own copy of `HeldKV` (see the docstring)."""
-    held_kv = head._init_tree.__globals__["HeldKV"]
-
-    class MarkOnly(held_kv):  # type: ignore[misc, valid-type]
-        def claim(self, values: array[int], start: int, keep: int) -> bool | None:
-            n = len(values) - start
-            if n <= 0:
-                return True
-            a = values[start]
-            if self._any_held(a, a + n):
-                return None
-            self._mark_run(a + keep - start, a + n)
-            return True
-
-    return {"mark": with_held(head, MarkOnly)}
+    return Pooled
 
 
-def with_held(cls: Any, make: Any) -> Any:
-    """`cls` with its record of held KV indices made by `make()`."""
+def with_check(cls: Any) -> Any:
+    """`cls` built with check_kv=True."""
 
-    class Swapped(cls):  # type: ignore[misc, valid-type]
-        def _init_tree(self) -> None:
-            super()._init_tree()
-            self._held_kv = make()
+    class Checked(cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, check_kv=True, **kwargs)
 
-    return Swapped
+    return Checked
 
 
 def per_op_median(runs: list[Any], n: int) -> list[int]:
@@ -134,10 +112,10 @@ def report(w: Any, runs: dict[tuple[str, str], list[Any]], trees: tuple[str, ...
             print(
                 f"{m:>8} {kind:>6}: "
                 + ", ".join(f"{t} {tot[t] / 1e6:.1f}" for t in trees)
-                + f"; head/base {tot['head'] / tot['base']:.3f}"
-                + f", head/nocheck {tot['head'] / tot['nocheck']:.3f}"
+                + f"; head/nocheck {tot['head'] / tot['nocheck']:.3f}"
+                + f", set/nocheck {tot['set'] / tot['nocheck']:.3f}"
             )
-        for ref in ("base", "nocheck"):
+        for ref in ("nocheck",):
             rs = [
                 timed_ms(h) / timed_ms(b)
                 for h, b in zip(runs["head", m], runs[ref, m], strict=True)
@@ -152,20 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--base", default="6b439c9", help="git revision without the check")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--ops", type=int, default=40_000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--parts", action="store_true", help="also time the mark tree")
     args = ap.parse_args(argv)
     warm_allocator()
-    with tempfile.TemporaryDirectory() as tmp:
-        classes = {"base": load_tree(export_src(args.base, Path(tmp)))}
     head = load_tree(REPO / "src")
-    classes.update(nocheck=with_held(head, AcceptAll), head=head, **part_trees(head))
+    classes = {"nocheck": head, "head": with_pool(head), "set": with_check(head)}
     w = generate(WorkloadConfig(seed=args.seed, n_ops=args.ops))
-    print(f"workload: {w.describe()}; base={args.base}; repeats={args.repeats}")
-    trees = TREES + (PARTS if args.parts else ())
+    print(f"workload: {w.describe()}; repeats={args.repeats}")
+    trees = TREES
     pairs = [(t, m) for m in MODES for t in trees]
     for t, m in pairs:  # warm-up
         replay_ours(w, MODES[m], limit=3000, cache_cls=classes[t])

@@ -1,6 +1,7 @@
 """The indexer's speed: events applied per second, and query time for a 16k-token prompt.
 
     .venv/bin/python bench/bench_indexer.py [--workers 4 --ops 20000 --block-size 16 --json F]
+        [--against FILE_OR_GIT_REV --rounds 9]
 
 Event streams: the serving-like workload of `workload.py` (tenants' system prompts,
 multi-turn sessions, eviction under a KV / state budget; matches and locks dropped) is
@@ -15,17 +16,26 @@ replayed into one `MambaRadixCache` per worker, each with its own seed, with an
   coalesced, no state events;
 * `query`: 8 workers hold a 16,384-token prompt (their first 8,192 tokens shared, states
   every 512 tokens); the time of `Indexer.query` on that prompt plus one token (median
-  of the repeats), and on a prompt that shares only the first 8,192 tokens.
+  of the repeats), and on a prompt that shares only the first 8,192 tokens;
+* `query_tiers`: the same prompt, answered per tier (device, host, disk), with every
+  worker's blocks copied to the host and its states to disk;
+* `--against FILE_OR_REV`: another `indexer.py` (a file, or the one of a git revision)
+  timed beside this one in the same process, alternating,
+  `--rounds` (9), CPU time, least and median: in-process `apply`, `feed (vLLM 0.33.0)` and `query`.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.util
 import json
 import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from array import array
 from pathlib import Path
@@ -34,7 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mambaradix import MambaRadixCache  # noqa: E402
-from mambaradix.events import BlockStored, Event, EventEmitter  # noqa: E402
+from mambaradix.events import DISK, HOST, BlockStored, Event, EventEmitter  # noqa: E402
 from mambaradix.events.wire import decode_batch, encode_batch  # noqa: E402
 from mambaradix.index import Indexer  # noqa: E402
 from mambaradix.index.feed import WorkerFeed  # noqa: E402
@@ -64,32 +74,40 @@ def stream(seed: int, n_ops: int, block: int) -> list[list[Event]]:
     return batches
 
 
-def time_apply(streams: dict[int, list[list[Event]]], block: int) -> float:
-    ix = Indexer(block)
-    t0 = time.perf_counter()
+def time_apply(
+    streams: dict[int, list[list[Event]]], block: int, cls: Any = Indexer, clock: Any = None
+) -> float:
+    ix = cls(block)
+    clock = clock or time.perf_counter
+    t0 = clock()
     for worker, batches in streams.items():
         for batch in batches:
             ix.apply(worker, batch)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
-def time_feed(payloads: dict[int, list[bytes]], block: int) -> float:
-    ix = Indexer(block)
+def time_feed(
+    payloads: dict[int, list[bytes]], block: int, cls: Any = Indexer, clock: Any = None
+) -> float:
+    ix = cls(block)
     feeds = {w: WorkerFeed(ix, w) for w in payloads}
-    t0 = time.perf_counter()
+    clock = clock or time.perf_counter
+    t0 = clock()
     for worker, items in payloads.items():
         offer = feeds[worker].offer
         for seq, payload in enumerate(items):
             offer(seq, payload, 0.0)
-    elapsed = time.perf_counter() - t0
+    elapsed = clock() - t0
     assert all(f.last == len(payloads[w]) - 1 for w, f in feeds.items())
     return elapsed
 
 
-def query_setup(block: int, workers: int = 8, tokens: int = 16_384) -> tuple[Indexer, list[int]]:
+def query_setup(
+    block: int, workers: int = 8, tokens: int = 16_384, cls: Any = Indexer
+) -> tuple[Any, list[int]]:
     rng = random.Random(0)
     shared = [rng.randrange(32_000) for _ in range(tokens // 2)]
-    ix = Indexer(block)
+    ix = cls(block)
     prompt: list[int] = []
     for w in range(workers):
         seq = shared + [rng.randrange(32_000) for _ in range(tokens - len(shared))]
@@ -101,12 +119,13 @@ def query_setup(block: int, workers: int = 8, tokens: int = 16_384) -> tuple[Ind
     return ix, prompt
 
 
-def time_query(ix: Indexer, prompt: list[int], repeats: int) -> float:
-    ix.query(prompt)  # warm
+def time_query(ix: Any, prompt: list[int], repeats: int, tiers: bool = False) -> float:
+    ask = ix.query_tiers if tiers else ix.query
+    ask(prompt)  # warm
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter_ns()
-        ix.query(prompt)
+        ask(prompt)
         times.append(time.perf_counter_ns() - t0)
     return statistics.median(times) / 1e3
 
@@ -118,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=300, help="queries timed")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--against", default=None, help="another indexer.py (a file or a git revision) beside this"
+    )
+    ap.add_argument("--rounds", type=int, default=9, help="alternating rounds for --against")
     args = ap.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
@@ -162,9 +185,85 @@ def main(argv: list[str] | None = None) -> int:
         f"query, 16,385-token prompt, 8 workers: {full:,.0f} µs (all 16,384 cached; "
         f"worker 0: {answer}), {half:,.0f} µs (8,192 shared)"
     )
+    lower_tiers(ix, block)
+    tiered = time_query(ix, prompt + [1], args.repeats, tiers=True)
+    rows["query_tiers_16k_us"] = tiered
+    print(f"query_tiers, the same prompt, blocks also on host, states on disk: {tiered:,.0f} µs")
+    if args.against:
+        other = indexer_source(args.against)
+        rows["against"] = against(other, streams, block, args.repeats, args.rounds)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
+
+
+def lower_tiers(ix: Indexer, block: int) -> None:
+    """Every worker's blocks copied to the host and its states to disk (by hash)."""
+    for w in ix.worker_ids():
+        events = [e for e in ix.dump(w) if isinstance(e, BlockStored)]
+        kv = [h for e in events if e.group == 0 for h in e.block_hashes]
+        states = [h for e in events if e.group == 1 for h in e.block_hashes]
+        ix.apply(w, [BlockStored(tuple(kv), None, [], 0, medium=HOST)])
+        ix.apply(w, [BlockStored(tuple(states), None, [], 0, 1, "mamba", DISK)])
+
+
+def indexer_source(spec: str) -> Path:
+    """`spec` if it is a file, else the indexer.py of git revision `spec`, in a temp file."""
+    if Path(spec).is_file():
+        return Path(spec)
+    root = Path(__file__).resolve().parents[1]
+    show = ["git", "-C", str(root), "show", f"{spec}:src/mambaradix/index/indexer.py"]
+    done = subprocess.run(show, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"--against: {spec!r} is neither a file nor a git revision")
+    out = Path(tempfile.mkdtemp()) / f"indexer_{spec}.py"
+    out.write_text(done.stdout)
+    return out
+
+
+def against(
+    path: Path, streams: dict[int, list[list[Event]]], block: int, repeats: int, rounds: int
+) -> Any:
+    """This indexer and the one in `path`, side by side, `rounds` alternating rounds
+    (each first half the time; CPU time, garbage collection off: other processes on a
+    shared machine inflate wall time): this one's time over the other's, least and
+    median."""
+    spec = importlib.util.spec_from_file_location("other_indexer", path)
+    assert spec is not None and spec.loader is not None
+    other = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = other  # dataclasses look their module up
+    spec.loader.exec_module(other)
+    payloads = {w: [encode_batch(b, "vllm-0.33.0") for b in bs] for w, bs in streams.items()}
+    times: dict[tuple[str, str], list[float]] = {}
+    cpu = time.process_time
+    gc.disable()  # a collection would land on whichever indexer happens to be timed
+    pair = [("this", Indexer), ("other", other.Indexer)]
+    for r in range(rounds):
+        for name, cls in pair if r % 2 else pair[::-1]:  # each goes first half the time
+            gc.collect()
+            ix, prompt = query_setup(block, cls=cls)
+            t0 = cpu()
+            for _ in range(repeats):
+                ix.query(prompt + [1])
+            queries = (cpu() - t0) / repeats
+            for measure, s in (
+                ("apply", time_apply(streams, block, cls, cpu)),
+                ("feed_vllm-0.33.0", time_feed(payloads, block, cls, cpu)),
+                ("query_16k", queries),
+            ):
+                times.setdefault((measure, name), []).append(s)
+    gc.enable()
+    out = {}
+    for measure in ("apply", "feed_vllm-0.33.0", "query_16k"):
+        this, that = times[(measure, "this")], times[(measure, "other")]
+        least = min(this) / min(that)
+        middle = statistics.median(this) / statistics.median(that)
+        out[measure] = {"this_s": this, "other_s": that, "least": least, "median": middle}
+        print(
+            f"against {path.name}: {measure:18s} {least:.3f}x the time (least), "
+            f"{middle:.3f}x (median) of {rounds} rounds"
+        )
+    return out
 
 
 def _one_block_each(batch: list[Event]) -> list[Event]:

@@ -17,7 +17,9 @@ Table 1, key length L (1k-64k tokens), tree holding a few other sequences of len
   insert_extend  insert chain sequence + 256 new tokens with prev_prefix_len = L (the next
                  turn: walk L cached tokens, add a 256-token leaf)
 Table 2, path depth D (a 16k-token sequence cached as D equal turns):
-  match, lock, unlock of the deepest node, and insert_extend (+256 tokens).
+  match, lock, unlock of the deepest node, and insert_extend (+256 tokens); then, ours only,
+  the LRU refresh a match makes: match minus the same match with read_only=True (no
+  refresh); compat refreshes every node of the path, the default mode one (core/tree.py).
 Table 3, tree size (about N nodes: 8 tenants' 1k-token system prompts, sessions of two
   200-token turns below them): match_hit of a session (about 1.4k tokens, depth 3),
   insert_turn (+200 tokens), lock, unlock, evict_kv (1 token -> the LRU leaf), evict_state
@@ -135,6 +137,13 @@ class Ours:
         r = m(p)
         t1 = perf_counter_ns()
         return t1 - t0, r.prefix_len, r.node
+
+    def match_read_only(self, p: Any) -> int:
+        m = self.c.match_prefix
+        t0 = perf_counter_ns()
+        m(p, read_only=True)
+        t1 = perf_counter_ns()
+        return t1 - t0
 
     def lock(self, node: Any) -> tuple[int, Any]:
         f = self.c.inc_lock_ref
@@ -270,10 +279,14 @@ def by_depth(
             res: dict[str, list[int]] = {
                 k: [] for k in ("match", "lock", "unlock", "insert_extend")
             }
-            for _ in range(reps):
+            for rep in range(reps):
+                if isinstance(impl, Ours) and rep % 2:  # either one first: neither warms the other
+                    res.setdefault("match_read_only", []).append(impl.match_read_only(s))
                 t, p, node = impl.match(impl.prep_match(s))
                 assert p == n
                 res["match"].append(t)
+                if isinstance(impl, Ours) and not rep % 2:
+                    res.setdefault("match_read_only", []).append(impl.match_read_only(s))
                 t, h = impl.lock(node)
                 res["lock"].append(t)
                 res["unlock"].append(impl.unlock(h))
@@ -344,6 +357,16 @@ def print_table(title: str, axis: str, data: dict[str, dict[int, dict[str, float
             )
 
 
+def print_refresh(data: dict[str, dict[int, dict[str, float]]]) -> None:
+    """Ours only: what a match's LRU refresh costs (match minus a read-only match)."""
+    print("\n  match's LRU refresh, ours only (match - read-only match, µs)")
+    print(f"    {'depth':>8} {'compat':>10} {'default':>10}")
+    for depth in data["default"]:
+        cells = [data[name][depth] for name in ("compat", "default")]
+        a, b = (c["match"] - c["match_read_only"] for c in cells)
+        print(f"    {depth:>8} {a:>10.1f} {b:>10.1f}")
+
+
 def parse_ints(text: str) -> list[int]:
     out = []
     for part in text.split(","):
@@ -381,11 +404,9 @@ def main(argv: list[str] | None = None) -> int:
             by_length(parse_ints(args.lengths), args.reps, args.seed),
         )
     if args.only in (None, "depth"):
-        print_table(
-            "Path depth (16k-token key, D nodes)",
-            "depth",
-            by_depth(parse_ints(args.depths), args.reps, args.seed),
-        )
+        depth_data = by_depth(parse_ints(args.depths), args.reps, args.seed)
+        print_table("Path depth (16k-token key, D nodes)", "depth", depth_data)
+        print_refresh(depth_data)
     if args.only in (None, "size"):
         print_table(
             "Tree size (nodes requested (actual))",

@@ -206,6 +206,9 @@ def calibrate(name: str, suffix: int, repeats: int) -> None:
     c = bench.cost
     med = {k: [statistics.median(got[k][n]) for n in GRID] for k in KINDS}
     _, slope = fit_line([c.prefill_flops(n + suffix) for n in GRID], med["full"])
+    if slope <= 0:  # a loaded machine's noise swamped the prefill's growth: nothing to fit
+        print(f"## {name}: prefill time did not grow with its FLOPs in this run; rerun idle")
+        return
     cpu = Prefill("this CPU", 1.0 / slope, 1.0, "measured: fresh prefills of n + suffix tokens")
     redo = [statistics.median(np.subtract(got["full"][n], got["cont"][n])) for n in GRID]
     print(
@@ -224,6 +227,9 @@ def calibrate(name: str, suffix: int, repeats: int) -> None:
     )
     for tier in TIER_KEYS:
         latency, per_byte = fit_line([c.hit_bytes(n) for n in GRID], med[tier])
+        if per_byte <= 0:  # as above: the copies' time is all overhead and noise here
+            print(f"  {tier}: load time did not grow with its bytes in this run; rerun idle")
+            continue
         link = Link(f"measured {tier}", 1.0 / per_byte, latency, "this machine")
         model = break_even(c, Tier(tier, (link,)), cpu)
         la, lb = fit_line_free(list(GRID), med[tier])

@@ -14,6 +14,6 @@ if [ ! -x .venv-py310/bin/python ]; then
     "$PY" -m venv .venv-py310
 fi
 .venv-py310/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv-py310/bin/python -m pip install -q -e ".[dev,text,replay,events,dask]"
+.venv-py310/bin/python -m pip install -q -e ".[dev,text,replay,events,dask,redis]"
 .venv-py310/bin/python -c 'import sys; assert sys.version_info[:2] == (3, 10), sys.version'
 .venv-py310/bin/python -m pytest "$@"

@@ -10,4 +10,4 @@ bash scripts/setup-dynamo.sh   # Dynamo's indexer, in its own venv, for the inte
 .venv/bin/python -m pytest "$@"                 # the default tier (<= 90 s on 2 idle cores)
 bash scripts/test-py310.sh "$@"                 # the default tier again on Python 3.10
 bash scripts/fetch-event-wheels.sh --all        # every release's wheel, for the slow tier
-.venv/bin/python -m pytest -m slow "$@"         # the slow tier: engine, ZMQ, Dask, long runs
+.venv/bin/python -m pytest -m slow -n 2 --durations=20 "$@"  # the slow tier (engine, ZMQ, Dask, long runs) on 2 processes

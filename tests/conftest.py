@@ -19,14 +19,20 @@ from hypothesis import HealthCheck, settings
 # is for 3.11), the files that import it are not collected; everything else runs.
 NEEDS_TORCH = [
     "test_api_validation.py",
+    "test_checkpoint_hooks.py",
     "test_differential.py",
+    "test_differential_sglang_0523.py",
     "test_engine.py",
     "test_engine_batched.py",
     "test_engine_deterministic.py",
     "test_engine_vs_replay.py",
     "test_lifecycle_differential.py",
+    "test_lifecycle_differential_sglang_0523.py",
     "test_lifecycle_torch.py",
     "test_pools.py",
+    "test_tiers_engine.py",
+    "test_tiers_host.py",
+    "test_tiers_upstream.py",
     "test_upstream_harness.py",
 ]
 # ... and in files that run without it, the tests that reach torch or transformers skip.
@@ -35,6 +41,7 @@ NEEDS_ENGINE = (
     "test_geometry.py::test_engine_",
     "test_geometry.py::test_transformers_",
     "test_readme.py::test_readme_python_blocks_run",
+    "test_readme.py::test_python_blocks_run[docs/tiers-data-path.md",
 )
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 collect_ignore = [] if HAS_TORCH else NEEDS_TORCH

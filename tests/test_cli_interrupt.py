@@ -1,7 +1,7 @@
 """Ctrl-C during a sweep, for real: the CLI in a subprocess of its own session
 gets SIGINT (or SIGTERM, SIGHUP) once its sweep has started; it must exit 130 (143,
-129) within 2 s, print no traceback, leave no process of its session running and
-write no file. Ctrl-C at any point of every command exits 130 (in-process)."""
+129) within seconds (not after the sweep), print no traceback, leave no process of its
+session running and write no file. Ctrl-C at any point of every command exits 130 (in-process)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,15 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def as_from_a_terminal() -> None:
+    """Run in the child before exec: SIGINT, SIGTERM and SIGHUP at their defaults, as
+    a command typed in a terminal has them. A shell's background job (`cmd &`) ignores
+    SIGINT and `nohup` ignores SIGHUP, and an ignored signal stays ignored across exec:
+    without this the test would depend on how the suite itself was started."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def session_processes(sid: int) -> list[int]:
@@ -76,6 +85,7 @@ def test_ctrl_c_stops_a_sweep(
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,  # its own session and process group, like a shell job
+            preexec_fn=as_from_a_terminal,
             env={**os.environ, "PYTHONPATH": str(SRC)},
         )
     try:
@@ -99,7 +109,9 @@ def test_ctrl_c_stops_a_sweep(
     stderr = err_path.read_text()
     print(f"Ctrl-C to exit: {took:.2f} s")  # shown with -s
     assert code == (130 if sig == signal.SIGINT else 128 + sig), stderr
-    assert took < 2.0, f"exit took {took:.2f} s"
+    # The sweep has a minute of work left: stopping well before it shows nothing waited for
+    # it (10 s, not less: a loaded CI machine may take seconds to schedule the exit).
+    assert took < 10.0, f"exit took {took:.2f} s"
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     how = "" if sig == signal.SIGINT else f" ({sig.name})"
     assert stderr.rstrip().endswith(f"mambaradix replay: interrupted{how}; nothing written")

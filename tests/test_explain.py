@@ -69,11 +69,21 @@ def check_exact(e: Explanation, trace: Trace, hits: list[int]) -> None:
         assert sum(r.categories.values()) == r.bound_tokens - r.hit_tokens, (i, r)
         assert all(v >= 0 for k, v in r.categories.items() if k != "beyond_bound"), (i, r)
         assert r.categories["beyond_bound"] <= 0
-        assert r.categories["lower_tier"] == 0  # no tiers yet
+        if not e.config.tiered:  # the tier levels are the hit without a tier
+            assert not any(r.categories[k] for k in TIER_CATEGORIES), (i, r)
         if r.instance is None:  # dropped: its whole bound
             assert r.categories["dropped"] == r.bound_tokens and r.hit_tokens == 0
     totals = e.totals()
     assert sum(totals.values()) == e.gap_tokens == e.bound_tokens - e.hit_tokens
+
+
+TIER_CATEGORIES = (
+    "tier_dropped",
+    "tier_kv_dropped",
+    "lower_tier",
+    "recompute_chosen",
+    "load_failed",
+)
 
 
 # --------------------------------------------------------------- the property
@@ -464,20 +474,6 @@ def test_state_evicted_while_its_kv_stayed() -> None:
     assert (e.requests[2].bound_tokens, e.requests[2].hit_tokens) == (40, 0)
     assert only(e, 2) == {"state_evicted": 40}
     assert e.evicted is not None and e.evicted["kv"]["kv_tokens"] == 0  # all for state room
-
-
-class Tier:
-    """A stand-in lower tier holding instance 0's state at 40 of every key."""
-
-    def deepest(self, instance: int, key: array[int]) -> int:
-        return 40 if instance == 0 and len(key) >= 40 else 0
-
-
-def test_lower_tier_seam() -> None:
-    """No tier exists yet (0 everywhere, above); a tier that holds the evicted
-    state takes its tokens from `state_evicted`."""
-    e = explain(state_evicted_trace(), PROFILE, "sglang-0.5.15.post1", SLOTS_4, tiers=Tier())
-    assert only(e, 2) == {"lower_tier": 40}
 
 
 def test_other_instance() -> None:

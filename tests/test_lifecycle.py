@@ -163,6 +163,7 @@ class FlakyKV(TokenKVAllocator):
 def test_injected_allocation_failures_leak_nothing(seed: int) -> None:
     mgr, pool = make_manager(kv_tokens=600, state_slots=12, rows=6)
     mgr.kv = flaky = FlakyKV(600, 0.15, seed)
+    mgr.tree.attach_kv_owner(flaky)  # the pool that owns the slots answers for them
     sched = make_scheduler(mgr, pool, chunk=32, running=6)
     seqs = drive_with_stall_retry(sched, pool, multi_turn_jobs(3, sessions=5, turns=3))
     assert flaky.failures > 0 and all(s.status == "finished" for s in seqs)
@@ -195,6 +196,9 @@ class ExplodingForward:
         self.n -= 1
         if self.n == 0:
             raise RuntimeError("injected forward failure")
+
+    def pass_steps(self, n: int) -> None:
+        self.inner.pass_steps(n)
 
     def prefill(self, batch):  # type: ignore[no-untyped-def]
         self._tick()

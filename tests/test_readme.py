@@ -22,6 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import readme  # noqa: E402
+from test_cli_interrupt import as_from_a_terminal  # noqa: E402
 
 DOCS = readme.documents()
 TABLES = readme.command_tables()
@@ -256,6 +257,7 @@ def test_readme_index_server_and_its_clients(tmp_path: Path) -> None:
         readme.to_argv(on_port(words, port)),
         cwd=tmp_path,
         env=env(),
+        preexec_fn=as_from_a_terminal,  # SIGINT not ignored, however the suite started
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -30,6 +30,7 @@ from mambaradix.replay.models import ModelProfile, get_profile
 from mambaradix.replay.policies import (
     ORACLE,
     POLICIES,
+    TIER_ROWS,
     VLLM,
     Marconi,
     PolicyContext,
@@ -41,7 +42,9 @@ from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.replay.workloads import agent_loop, multi_turn, shared_prefix
 from profiles import TINY
 
-ALL = [p for p in POLICIES if p != ORACLE]  # one policy each (the oracle is a set of runs)
+# one policy each (the oracle is a set of runs); the tiered rows are their device rows
+# without a tier (tests/test_replay_tiers.py)
+ALL = [p for p in POLICIES if p != ORACLE and p not in TIER_ROWS]
 
 
 def quick(values: list[str], keep: str) -> list[object]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cli_interrupt import session_processes, wait_for
+from test_cli_interrupt import as_from_a_terminal, session_processes, wait_for
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -67,6 +67,7 @@ def test_no_worker_outlives_its_parent(case: str) -> None:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own session: every process it starts is found
+        preexec_fn=as_from_a_terminal,
         env={**os.environ, "PYTHONPATH": str(SRC)},
     )
     try:
@@ -113,7 +114,9 @@ def test_orphans_are_what_the_parent_death_signal_prevents() -> None:
         time.sleep(30)
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", program], start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program], start_new_session=True, preexec_fn=as_from_a_terminal
+    )
     try:
         assert wait_for(lambda: len(session_processes(proc.pid)) == 2, 20)
         os.kill(proc.pid, signal.SIGKILL)

@@ -58,7 +58,7 @@ def populate(compat: str | None, page: int) -> Populated:
      │                     └─ C (state 3)
      └── [ns "lora"] A (state 4)          and a leaf D, evicted (state 5)
     """
-    cache = MambaRadixCache(page_size=page, chunk_size=4 * page, compat=compat)
+    cache = MambaRadixCache(page_size=page, chunk_size=4 * page, compat=compat, check_kv=True)
     p = [[t] * page for t in range(10)]  # p[t]: one page of token t
     a, b, c, d = p[1] + p[2], p[3], p[4] + p[5], p[6]
     kv = iter(range(100, 10_000))

@@ -150,7 +150,9 @@ class TreeMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.cache = MambaRadixCache(page_size=self.PAGE, chunk_size=self.CHUNK, compat=self.COMPAT)
+        self.cache = MambaRadixCache(
+            page_size=self.PAGE, chunk_size=self.CHUNK, compat=self.COMPAT, check_kv=True
+        )
         self.default = self.COMPAT is None
         self.kv: dict[Pos, int] = {}  # model content: position -> KV index
         self.where: dict[int, Pos] = {}  # KV index -> position
@@ -465,7 +467,8 @@ class TreeMachine(RuleBasedStateMachine):
     @invariant()
     def held_kv_record(self) -> None:
         """What insert checks against: exactly the KV indices the model says are held."""
-        assert self.cache._held_kv.indices() == set(self.kv.values())
+        owner = self.cache.kv_owner
+        assert owner is not None and owner.tree_indices() == set(self.kv.values())
 
     @invariant()
     def state_recency(self) -> None:

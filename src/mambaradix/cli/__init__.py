@@ -1,4 +1,4 @@
-"""Command line: `mambaradix replay` (the main job), `mambaradix explain`,
+"""Command line: `mambaradix replay` (the main job), `mambaradix explain`, `mambaradix plan`,
 `mambaradix trace`, `mambaradix engine`, `mambaradix demo`, `mambaradix index` and
 `mambaradix merge`.
 
@@ -23,6 +23,7 @@ __all__ = ["main"]
 COMMANDS: dict[str, str] = {
     "replay": "what a hybrid prefix cache saves on a workload, per policy",
     "explain": "why each request hit short of the ideal bound, per policy and memory",
+    "plan": "the memory, state share and policy that meet a target hit rate or TTFT",
     "trace": "check a trace file and summarise it, or write the bundled sample",
     "demo": "multi-turn sessions through the cache, both tree behaviours",
     "engine": "a real hybrid model served on the cache, on vs off",
@@ -32,12 +33,13 @@ COMMANDS: dict[str, str] = {
 def parser() -> Parser:
     # imported here, inside main's Ctrl-C handling: they take a tenth of a second
     from mambaradix import __version__
-    from mambaradix.cli import demo, engine, explain, merge, replay, trace
+    from mambaradix.cli import demo, engine, explain, merge, plan, replay, trace
     from mambaradix.index.cli import add_parser as add_index_parser
 
     adders: dict[str, Callable[[argparse.ArgumentParser], None]] = {
         "replay": replay.add,
         "explain": explain.add,
+        "plan": plan.add,
         "trace": trace.add,
         "demo": demo.add,
         "engine": engine.add,

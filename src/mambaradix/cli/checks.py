@@ -159,14 +159,17 @@ def real(
     return parse
 
 
-def reals(low: float, high: float | None = None) -> Callable[[str], list[float]]:
-    """An argparse type: comma-separated finite numbers in (low, high), no repeats."""
+def reals(
+    low: float, high: float | None = None, *, low_open: bool = True
+) -> Callable[[str], list[float]]:
+    """An argparse type: comma-separated finite numbers in (low, high) ([low, high) when
+    not `low_open`), no repeats."""
 
     def parse(text: str) -> list[float]:
         parts = [x.strip() for x in text.split(",")]
         if not all(parts):
             raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
-        values = [_real(x, low, high, True, True) for x in parts]
+        values = [_real(x, low, high, low_open, True) for x in parts]
         _no_repeats(values)
         return values
 

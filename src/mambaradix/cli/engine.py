@@ -19,9 +19,9 @@ from typing import Any
 
 from mambaradix.cli.checks import UsageError, count
 from mambaradix.core.compat import COMPAT_MODES
+from mambaradix.lifecycle.strategy import EXTRA_BUFFER, PAGE_RULE, STRATEGIES, takes_page
 
 TOKEN_WORKLOADS = "mt-bench, swe-agent, chitchat, synthetic-multi-turn, or a neutral JSONL file"
-STRATEGIES = ("no_buffer", "extra_buffer")
 DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
 SEED_LIMIT = (2**64, "2**64")  # torch.manual_seed's range
 
@@ -161,12 +161,9 @@ def check_paging(args: argparse.Namespace) -> None:
     that must be whole pages."""
     from mambaradix.engine.checks import min_state_slots
 
-    page, extra = args.page_size, args.strategy == "extra_buffer"
-    if page > 1 and not extra:
-        raise UsageError(
-            f"--page-size {page} needs --strategy extra_buffer: no_buffer keeps states at "
-            "exact token ends (page size 1), as in SGLang"
-        )
+    page, extra = args.page_size, args.strategy == EXTRA_BUFFER
+    if not takes_page(args.strategy, page):
+        raise UsageError(f"--page-size {page} needs --strategy extra_buffer: {PAGE_RULE}")
     if args.track_interval and not extra:
         raise UsageError("--track-interval has no effect without --strategy extra_buffer")
     if args.deterministic and extra:

@@ -95,8 +95,9 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
             type=names,
             default=None,
             help="comma-separated, of %(known)s (default: all but marconi-oracle, which is a "
-            "run per alpha, and the older SGLang release's rows, "
-            "sglang-0.5.15.post1[-extra-buffer])",
+            "run per alpha, the older SGLang release's rows, "
+            "sglang-0.5.15.post1[-extra-buffer], and, without --host-gb or --store-gb, the "
+            "tiered rows sglang-hicache[-auto] and vllm-offload)",
         ),
         policy_names,
     )
@@ -137,8 +138,44 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
         help="release every request at its time, even before its session's previous answer "
         "(default: closed loop, a turn after the previous answer plus the recorded think time)",
     )
+    add_tier_arguments(p)
     p.add_argument("--limit", type=count(1), default=None, help="only the first N requests")
     p.add_argument("--workers", type=count(1), default=None, help="processes (default: cores)")
+
+
+def add_tier_arguments(p: argparse.ArgumentParser) -> None:
+    """The lower tiers (`replay.tiered`; defaults: `replay.tier_rules`, cited)."""
+    from mambaradix.replay import tier_rules as t
+
+    at_least_0 = real(0, low_open=False)
+    p.add_argument(
+        "--host-gb", type=at_least_0, default=0.0, help="host memory tier (L2), GB (0: none)"
+    )
+    p.add_argument("--store-gb", type=at_least_0, default=0.0, help="store tier (L3), GB (0: none)")
+    p.add_argument(
+        "--host-gbps",
+        type=real(0),
+        default=t.DEFAULT_HOST_GBPS,
+        help="host <-> device GB/s (default: PCIe Gen5 x16, one way)",
+    )
+    p.add_argument(
+        "--host-latency-us",
+        type=at_least_0,
+        default=t.DEFAULT_HOST_LATENCY_US,
+        help="host <-> device microseconds per load",
+    )
+    p.add_argument(
+        "--store-gbps",
+        type=real(0),
+        default=t.DEFAULT_STORE_GBPS,
+        help="store -> host GB/s (default: an NVMe Gen5 SSD's sequential read)",
+    )
+    p.add_argument(
+        "--store-latency-us",
+        type=at_least_0,
+        default=t.DEFAULT_STORE_LATENCY_US,
+        help="store -> host microseconds per load",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -294,6 +331,12 @@ def validate_serving(args: argparse.Namespace) -> tuple[ModelProfile, ServingCon
         chunk_tokens=args.chunk_tokens,
         page_size=args.page_size,
         track_interval=track,
+        host_gb=args.host_gb,
+        store_gb=args.store_gb,
+        host_gbps=args.host_gbps,
+        host_latency_us=args.host_latency_us,
+        store_gbps=args.store_gbps,
+        store_latency_us=args.store_latency_us,
     )
     return profile, base, scale
 
@@ -366,10 +409,12 @@ def pick_policies(
     default list left out (name -> why; said on stderr). An explicit
     `--policy` that cannot run at the page size is a usage error."""
     from mambaradix.replay.checks import policy_strategy, unpaged_policies
-    from mambaradix.replay.policies import DEFAULT_RUN
+    from mambaradix.replay.policies import DEFAULT_RUN, TIER_ROWS
 
+    # the peers' tiered rows join the default list when a lower tier is configured
+    default = DEFAULT_RUN + list(TIER_ROWS) if base.tiered else DEFAULT_RUN
     try:
-        unpaged = unpaged_policies(args.policy or DEFAULT_RUN, trace, base)
+        unpaged = unpaged_policies(args.policy or default, trace, base)
     except ValueError as e:
         raise UsageError(f"--{str(e).replace('_', '-', 1)}") from None
     why = f"no_buffer needs --page-size 1 on a token-level trace, got {args.page_size}"
@@ -378,7 +423,7 @@ def pick_policies(
             f"--policy {', '.join(unpaged)}: {why}; extra_buffer policies "
             "(sglang-extra-buffer) take any page size"
         )
-    policies = [p for p in args.policy or DEFAULT_RUN if p not in unpaged]
+    policies = [p for p in args.policy or default if p not in unpaged]
     if not policies:
         raise UsageError(f"--page-size {args.page_size}: no policy runs at it ({why})")
     if unpaged:

@@ -10,18 +10,19 @@ Invariants (numbering of the SGLang reference, sections 3 and 8):
   I5  KV lock >= state lock; a node's KV lock = its children's KV locks + the
       locks anchored on it, and each anchored lock holds the state lock
   I6  evictable / protected counters equal a recount
-  I7  KV list = all non-root nodes; state list = all nodes holding a state
+  I7  KV list = all non-root nodes (default mode: but the parked ones, each internal
+      and older than every listed node); state list = all nodes holding a state;
+      `node_count()` counts every non-root node
   I8  both lists: symmetric links, strictly decreasing stamps MRU -> LRU
-  I9  no KV index and no state slot is held twice; the tree's records of held
-      KV indices and state slots (what `insert` checks against) are exact; a node
-      not marked loose holds one run of consecutive KV indices
+  I9  no KV index and no state slot is held twice; the tree's record of held state
+      slots and its KV owner's record of held KV indices (what `insert` checks
+      against, core/ownership.py) are exact
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mambaradix.core.held import is_run
 from mambaradix.core.node import Resource, TreeNode
 
 if TYPE_CHECKING:
@@ -64,9 +65,9 @@ def check_tree(tree: MambaRadixCache) -> None:
             f"recount evictable={evictable} protected={protected}"
         )
     _check_lists(tree, nodes)
-    if _check_ownership(nodes) != tree._held_kv.indices():
-        raise AssertionError("I9 the tree's record of held KV indices is out of date")
-    _check_runs(tree, nodes)
+    kv = _check_ownership(nodes)
+    if tree._kv_owner is not None and kv != tree._kv_owner.tree_indices():
+        raise AssertionError("I9 the KV owner's record of the tree's KV indices is out of date")
     if tree._held_states != {n.state for n in nodes if n.state is not None}:
         raise AssertionError("I9 the tree's record of held state slots is out of date")
 
@@ -99,8 +100,19 @@ def _check_node(tree: MambaRadixCache, node: TreeNode) -> None:
 def _check_lists(tree: MambaRadixCache, nodes: list[TreeNode]) -> None:
     kv_links = tree.lru[KV].check("KV")
     st_links = tree.lru[STATE].check("state")
-    if {id(link.node) for link in kv_links} != {id(n) for n in nodes}:
-        raise AssertionError("I7 KV list is not exactly the set of non-root nodes")
+    if tree.node_count() != len(nodes):
+        raise AssertionError(f"I7 node_count() {tree.node_count()} but {len(nodes)} nodes")
+    parked = [n for n in nodes if n.kv.prev is None]
+    if {id(link.node) for link in kv_links} != {id(n) for n in nodes if n.kv.prev is not None}:
+        raise AssertionError("I7 KV list holds a link of a node not in the tree")
+    if parked and not tree._lazy_kv:
+        _fail(parked[0], "I7 not in the KV list")
+    oldest_listed = kv_links[-1].stamp if kv_links else None
+    for unlisted in parked:
+        if not unlisted.children:
+            _fail(unlisted, "I7 a leaf is parked (out of the KV list)")
+        if oldest_listed is not None and unlisted.kv.stamp >= oldest_listed:
+            _fail(unlisted, "I7 a parked node is not older than every listed one")
     holders = {id(n) for n in nodes if n.state is not None}
     if {id(link.node) for link in st_links} != holders:
         raise AssertionError("I7 state list is not exactly the set of nodes holding a state")
@@ -126,15 +138,3 @@ def _check_ownership(nodes: list[TreeNode]) -> set[int]:
                 _fail(node, f"I9 state slot {node.state} is held twice")
             seen_states.add(node.state)
     return seen_kv
-
-
-def _check_runs(tree: MambaRadixCache, nodes: list[TreeNode]) -> None:
-    """I9: every node not marked loose holds one run of consecutive KV indices (its
-    indices are released as a run); marks name only nodes in the tree; the record's
-    pages are consistent (see `HeldKV.check`)."""
-    if not tree._kv_loose <= set(nodes):
-        raise AssertionError("I9 a node marked as holding loose KV indices is not in the tree")
-    for node in nodes:
-        if node not in tree._kv_loose and not is_run(node.value, 0, len(node.value), node.value[0]):
-            _fail(node, "I9 KV indices recorded as one run are not consecutive")
-    tree._held_kv.check()

@@ -4,6 +4,9 @@ The head sentinel is the most-recently-used end, the tail sentinel the least.
 Moving a link costs a handful of attribute writes and never allocates. Every
 move to the MRU end stamps the link with a logical clock, so `check()` can
 verify that the list order is the order of last use.
+
+The default mode's KV list also *parks* links (`lru_leaf_parking`, `take_place`):
+see "Depth-independent refresh" in `mambaradix.core.tree`.
 """
 
 from __future__ import annotations
@@ -48,6 +51,23 @@ class LRUList:
         self.remove(link)
         self.push_mru(link)
 
+    def touch(self, link: Link) -> None:
+        """Move a link to the MRU end, listing it if it is parked (or new)."""
+        if link.prev is not None:
+            self.remove(link)
+        self.push_mru(link)
+
+    def take_place(self, old: Link, new: Link) -> None:
+        """Put `new` (unlisted) where the listed `old` is, with old's stamp; `old`
+        leaves the list. The order stays sorted by stamp."""
+        prev, nxt = old.prev, old.next
+        assert prev is not None and nxt is not None, "link is not in the list"
+        assert new.prev is None, "link is already in the list"
+        prev.next, nxt.prev = new, new
+        new.prev, new.next = prev, nxt
+        new.stamp = old.stamp
+        old.prev = old.next = None
+
     def splice_mru(self, links: list[Link]) -> None:
         """Move listed links to the MRU end in one pass, links[0] newest: the
         order (and stamp order) of calling move_mru on them from last to first."""
@@ -82,6 +102,19 @@ class LRUList:
         """Like `lru_unlocked`, but only links whose node has no children."""
         x = (start or self.tail).prev
         head = self.head
+        while x is not head and x is not None and (x.lock > 0 or x.node.children):  # type: ignore[union-attr]
+            x = x.prev
+        return None if x is head else x
+
+    def lru_leaf_parking(self) -> Link | None:
+        """`lru_unlocked_leaf()`, parking on the way every link older than every leaf
+        (an internal node, skipped by every later search until it is listed again)."""
+        head = self.head
+        x = self.tail.prev
+        while x is not head and x is not None and x.node.children:  # type: ignore[union-attr]
+            older = x.prev
+            self.remove(x)
+            x = older
         while x is not head and x is not None and (x.lock > 0 or x.node.children):  # type: ignore[union-attr]
             x = x.prev
         return None if x is head else x

@@ -37,11 +37,15 @@ class InsertResult(NamedTuple):
         keeps ownership of the state it passed (and must free it).
     freed_kv: the caller's duplicate KV indices in [prev_prefix_len, prefix_len)
         that the tree did not take; the caller must free them.
+    node: the node that ends at the key's end and holds its state (the root for an
+        empty key), so that a caller needs no second walk to lock or read it. None
+        only from a stand-in that cannot say (the upstream adapters of the tests).
     """
 
     prefix_len: int
     state_existed: bool
     freed_kv: array[int]
+    node: TreeNode | None = None
 
 
 class EvictResult(NamedTuple):

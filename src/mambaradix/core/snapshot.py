@@ -10,6 +10,8 @@ recurses deeper than a field's own (shallow) containers.
 
 What travels is the tree and nothing else. Refused, with a TypeError saying why:
 * a cache with listeners (they live outside the cache and may hold its nodes);
+* a cache attached to a KV pool (`attach_kv_owner`): the pool lives outside the cache
+  and records which of its slots the tree holds (a copy would hold them twice);
 * a cache with locks held (the `LockReceipt`s would not follow; the copy's locks could
   never be released);
 * a node or a link on its own (`TreeNode.__reduce_ex__`): copy the cache that holds it.
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mambaradix.core.lru import LRUList
 from mambaradix.core.node import Link, TreeNode
+from mambaradix.core.ownership import HeldSet
 from mambaradix.core.threads import guard, plain_class
 
 if TYPE_CHECKING:
@@ -69,6 +72,12 @@ def refuse(cache: MambaRadixCache) -> None:
         raise TypeError(
             f"a MambaRadixCache with listeners ({kinds}) cannot be pickled or copied: they "
             "live outside the cache; remove_listener() first, and add them to the copy"
+        )
+    owner = cache._kv_owner
+    if owner is not None and type(owner) is not HeldSet:
+        raise TypeError(
+            f"a MambaRadixCache attached to a KV pool ({type(owner).__name__}) cannot be "
+            "pickled or copied: the pool records which of its slots this tree holds"
         )
     kv, states = cache.full_protected_size(), cache.state_protected_size()
     if kv or states:

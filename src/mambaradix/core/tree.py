@@ -26,10 +26,26 @@ slots the caller must free. Three behaviours share this code (`core.compat`):
   the state it uses, an insert refreshes only the state at its end, and leaf
   deletion keeps state-less ancestors as KV-only leaves (`core.unified`).
 
+Depth-independent refresh (default mode). Eviction only ever compares nodes that
+are leaves at the same time, never an ancestor with its descendant, and each
+refresh of a node refreshes its whole root path, ancestors older. So a leaf's
+recency is the newest stamp its subtree ever received, and the KV list can hold,
+instead of every node's own stamp, that newest stamp where it matters: a match
+or insert stamps only the deepest node it uses (O(1) for any depth), and a
+deleted node hands its stamp, and its place in the list, to its parent when
+that is newer than the parent's. Leaves are then in exactly the order full-path
+refreshes give (tests/test_eviction_order.py checks it against brute force);
+an internal node's own stamp may be stale, and the eviction scan *parks*
+(unlists) internal nodes older than every leaf, so it never walks them again:
+such a node re-enters the list by a refresh or by taking a deleted child's
+place. The SGLang compat modes refresh every node of the path, as upstream.
+
 All refuse bad input that upstream accepts, among it an `insert` whose KV
 indices the tree already holds or that repeat one (upstream would hold an index
-twice, or hand a cached one back to be freed); on valid input an SGLang compat
-decides exactly as that release.
+twice, or hand a cached one back to be freed): the KV pool that owns the slots
+answers (attached by `CacheManager`, `core/ownership.py`), or, for a tree alone,
+its own record with `check_kv=True`. On valid input an SGLang compat decides
+exactly as that release.
 """
 
 from __future__ import annotations
@@ -40,10 +56,10 @@ from typing import Any, NoReturn, Protocol, SupportsIndex
 
 from mambaradix.core import unified
 from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_0_5_23, resolve_compat
-from mambaradix.core.held import HeldKV
 from mambaradix.core.keys import EMPTY, as_int_array, check_hashable, common_prefix_len
 from mambaradix.core.lru import LRUList
 from mambaradix.core.node import Resource, TreeNode, not_alone
+from mambaradix.core.ownership import HeldSet, KVOwner
 from mambaradix.core.results import EvictResult, InsertResult, MatchResult
 from mambaradix.core.threads import guard as guard_threads
 
@@ -128,6 +144,9 @@ class MambaRadixCache:
         "sglang-0.5.15.post1", "sglang-0.5.23" ("sglang": the current one, 0.5.23).
     check_threads: raise ConcurrentUseError when two threads are inside at once (the
     cache is not thread-safe); None: on under `python -X dev` or MAMBARADIX_CHECK_THREADS=1.
+    check_kv: a tree alone checks the KV indices `insert` hands it (never its own, never
+    twice) against its own record; a tree attached to a KV pool (`attach_kv_owner`, done
+    by `CacheManager`) asks the pool instead, whatever this says.
     """
 
     def __init__(
@@ -136,6 +155,7 @@ class MambaRadixCache:
         chunk_size: int = 64,
         compat: str | None = None,
         check_threads: bool | None = None,
+        check_kv: bool = False,
     ) -> None:
         self.page_size = _positive_int(page_size, "page_size")
         self.chunk_size = _positive_int(chunk_size, "chunk_size")
@@ -145,7 +165,12 @@ class MambaRadixCache:
         self.compat = resolve_compat(compat)  # the explicit release name
         self._sglang = self.compat == SGLANG_0_5_15
         self._unified = self.compat == SGLANG_0_5_23
+        self._lazy_kv = self.compat is None  # depth-independent KV refresh (see the docstring)
         self._listeners: tuple[TreeListener, ...] = ()  # empty: no cost beyond one check
+        if not isinstance(check_kv, bool):
+            raise TypeError(f"check_kv must be a bool, got {type(check_kv).__name__}")
+        # Who holds each KV index (core/ownership.py); None: unchecked.
+        self._kv_owner: KVOwner | None = HeldSet() if check_kv else None
         self._init_tree()
         guard_threads(self, check_threads)  # not thread-safe: a debug guard (core/threads.py)
 
@@ -168,11 +193,10 @@ class MambaRadixCache:
         # The root is permanently locked for both resources and never listed.
         self.root.kv.lock = self.root.st.lock = 1
         self.lru = (LRUList(), LRUList())
+        self._node_total = 0  # non-root nodes (the default mode parks some KV links)
         self._evictable = [0, 0]  # indexed by Resource: KV tokens, states
         self._protected = [0, 0]
         self._held_states: set[int] = set()  # every state slot the tree owns
-        self._held_kv = HeldKV()  # every KV index the tree owns (a split changes none)
-        self._kv_loose: set[TreeNode] = set()  # nodes whose value is not one run (see held.py)
 
     def reset(self) -> EvictResult:
         """Empty the tree and return everything it owned (the caller frees it) in
@@ -187,9 +211,26 @@ class MambaRadixCache:
             if node.state is not None:
                 freed_states.append(node.state)
         self._init_tree()
+        if self._kv_owner is not None:
+            self._kv_owner.release(freed_kv)  # back to the caller, who frees it
         for listener in self._listeners:
             listener.tree_reset()
         return EvictResult(0, 0, freed_kv, freed_states)
+
+    def attach_kv_owner(self, owner: KVOwner) -> None:
+        """Check every KV index `insert` takes against `owner` (the KV pool whose slots
+        the tree caches, see `core/ownership.py`) from now on. The tree must be empty."""
+        for name in ("claim", "release", "held_by_tree", "refusal", "tree_indices"):
+            if not callable(getattr(owner, name, None)):
+                raise TypeError(f"owner has no method {name}()")
+        if self.root.children:
+            raise ValueError("attach_kv_owner() needs an empty tree (reset() it first)")
+        self._kv_owner = owner
+
+    @property
+    def kv_owner(self) -> KVOwner | None:
+        """What the KV indices `insert` takes are checked against (None: nothing)."""
+        return self._kv_owner
 
     def add_listener(self, listener: TreeListener) -> None:
         """Tell `listener` about every later change (see `TreeListener`)."""
@@ -293,12 +334,58 @@ class MambaRadixCache:
         """Make path[:k] MRU in the KV list (ancestors older than descendants);
         in the state list, only the state used (#31643; 0.5.23 too), or with
         compat="sglang-0.5.15.post1" every state on the path."""
+        if self._lazy_kv:
+            self.lru[KV].touch(path[k - 1].kv)  # the path's own stamps are implied
+            self.lru[STATE].move_mru(path[k - 1].st)
+            return
         used = path[k - 1 :: -1]  # deepest first
         self.lru[KV].splice_mru([node.kv for node in used])
         if self._sglang:
             self.lru[STATE].splice_mru([node.st for node in used if node.state is not None])
         else:
             self.lru[STATE].move_mru(path[k - 1].st)
+
+    def touch(self, node: TreeNode) -> None:
+        """Refresh `node` (holding a state) and its path as `match_prefix` of its whole
+        key refreshes them, without walking the key (a caller holding the node from
+        `insert` re-matches nothing)."""
+        if node is self.root:
+            return
+        self._check_holds_state(node)
+        path = self._path_to(node)
+        self._refresh_after_match(path, len(path))
+
+    def path_kv(self, node: TreeNode, start: int = 0) -> array[int]:
+        """The KV indices of `node`'s root-to-node path from position `start` on (what
+        `match_prefix` of its key returns in `kv_indices[start:]`), no key walked."""
+        start = _count(start, "start")
+        path = self._path_to(node) if node is not self.root else []
+        out, at = array("q"), 0
+        for x in path:
+            at += len(x.value)
+            if at > start:
+                out += x.value[max(0, start - at + len(x.value)) :]
+        return out
+
+    def _path_to(self, node: TreeNode) -> list[TreeNode]:
+        """The nodes from the root's child down to `node` (ValueError if not in this tree)."""
+        if not isinstance(node, TreeNode):
+            raise TypeError(f"expected a TreeNode, got {type(node).__name__}")
+        path = []
+        x = node
+        while x.parent is not None:
+            path.append(x)
+            x = x.parent
+        if x is not self.root:
+            raise ValueError(f"{node!r} is not in this tree (evicted, or from another cache)")
+        path.reverse()
+        return path
+
+    def _check_holds_state(self, node: TreeNode) -> None:
+        if not isinstance(node, TreeNode):
+            raise TypeError(f"expected a TreeNode, got {type(node).__name__}")
+        if node.state is None:
+            raise ValueError(f"{node!r} holds no state")
 
     def peek(self, key: Any, extra_key: Any = None) -> TreeNode | None:
         """The node that ends exactly at the end of `key`, or None. Read-only:
@@ -341,7 +428,7 @@ class MambaRadixCache:
         values = as_int_array(kv_indices, "kv_indices")
         self._check_insert_args(tokens, values, state, prev_prefix_len, extra_key)
         if len(tokens) == 0:
-            return InsertResult(0, True, array("q"))
+            return InsertResult(0, True, array("q"), self.root)
         return self._insert(
             tokens, values, operator.index(state), operator.index(prev_prefix_len), extra_key
         )
@@ -401,19 +488,17 @@ class MambaRadixCache:
             if off >= n:
                 break
             ck = tokens[off] if page == 1 else tuple(tokens[off : off + page])
-        kv_run = self._held_kv.claim(values, min(prev, off), off)  # see HeldKV.claim
-        if kv_run is None:
-            raise ValueError(self._kv_conflict(values, min(prev, off), off, prev))
+        owner = self._kv_owner
+        if owner is not None and not owner.claim(values, min(prev, off), off):
+            raise ValueError(self._kv_conflict(owner, values, min(prev, off), off, prev))
         self._touch_walked(walked)
         if split_at:
             node = self._split(walked[-1], split_at)
         kv_lru, st_lru = self.lru
         if off < n:
             leaf = self._add_leaf(node, tokens, values, off, state, extra_key)
-            if not kv_run:
-                self._kv_loose.add(leaf)
-            return InsertResult(off, False, freed)
-        kv_lru.move_mru(node.kv)
+            return InsertResult(off, False, freed, leaf)
+        kv_lru.touch(node.kv)
         if node.state is None:  # a tombstone at the key's end: revive it
             node.state = state
             self._held_states.add(state)
@@ -421,12 +506,14 @@ class MambaRadixCache:
             self._evictable[STATE] += 1
             for listener in self._listeners:
                 listener.state_added(node)
-            return InsertResult(off, False, freed)
+            return InsertResult(off, False, freed, node)
         if self._sglang or self._unified:
             st_lru.move_mru(node.st)
-        return InsertResult(off, True, freed)
+        return InsertResult(off, True, freed, node)
 
-    def _kv_conflict(self, values: array[int], start: int, off: int, prev: int) -> str:
+    def _kv_conflict(
+        self, owner: KVOwner, values: array[int], start: int, off: int, prev: int
+    ) -> str:
         """The message for the first position from `start` on whose index is
         negative, held by the tree, or repeats an earlier one from `start`."""
         first_at: dict[int, int] = {}
@@ -434,7 +521,7 @@ class MambaRadixCache:
             v = values[i]
             if v < 0:
                 return f"kv_indices[{i}] = {v} is negative: KV indices are pool slots >= 0"
-            if v in self._held_kv:
+            if owner.held_by_tree(v):
                 if i >= prev:
                     return (
                         f"kv_indices[{i}] = {v} is already held by the tree: positions from "
@@ -444,6 +531,9 @@ class MambaRadixCache:
                     f"kv_indices[{i}] = {v} is already held by the tree elsewhere: the key "
                     f"is cached only up to {off} tokens, not prev_prefix_len={prev}"
                 )
+            why = owner.refusal(v)
+            if why is not None:
+                return f"kv_indices[{i}] = {v} {why}"
             if v in first_at:
                 return f"kv_indices[{i}] = {v} repeats kv_indices[{first_at[v]}]"
             first_at[v] = i
@@ -451,7 +541,12 @@ class MambaRadixCache:
 
     def _touch_walked(self, walked: list[TreeNode]) -> None:
         """Refresh the nodes an insert walked through, as SGLang does one by one
-        (in the state list only with compat="sglang-0.5.15.post1", #31643)."""
+        (in the state list only with compat="sglang-0.5.15.post1", #31643); the
+        default mode stamps the deepest only (its ancestors' stamps are implied)."""
+        if self._lazy_kv:
+            if walked:
+                self.lru[KV].touch(walked[-1].kv)
+            return
         deepest_first = walked[::-1]
         self.lru[KV].splice_mru([node.kv for node in deepest_first])
         if self._sglang:
@@ -470,6 +565,7 @@ class MambaRadixCache:
         leaf = TreeNode(parent, tokens[off:], values[off:], state, ns)
         parent.children[self._child_key(parent, tokens, off, extra_key)] = leaf
         self._held_states.add(state)
+        self._node_total += 1
         self.lru[KV].push_mru(leaf.kv)
         self.lru[STATE].push_mru(leaf.st)
         self._evictable[KV] += len(leaf.value)
@@ -488,16 +584,18 @@ class MambaRadixCache:
         assert parent is not None
         mid = TreeNode(parent, child.key[:at], child.value[:at], None, child.namespace)
         mid.kv.lock = child.kv.lock
-        if child in self._kv_loose:
-            self._kv_loose.add(mid)
         slot = self._child_key(parent, child.key, 0, child.namespace)
         child.key, child.value = child.key[at:], child.value[at:]
         child.parent = mid
         mid.children[self._child_key(mid, child.key, 0, None)] = child
         parent.children[slot] = mid
+        self._node_total += 1
         kv_lru = self.lru[KV]
-        kv_lru.remove(child.kv)
-        kv_lru.push_mru(mid.kv)
+        if not self._lazy_kv:
+            kv_lru.remove(child.kv)
+            kv_lru.push_mru(mid.kv)
+        else:  # mid's own stamp: the child's last one (the insert just listed the child)
+            kv_lru.take_place(child.kv, mid.kv)
         kv_lru.push_mru(child.kv)  # the child stays newer than its new parent
         if self._sglang and child.state is not None:
             self.lru[STATE].move_mru(child.st)
@@ -524,8 +622,9 @@ class MambaRadixCache:
 
     def _evict_kv(self, want: int, freed_kv: array[int], freed_states: list[int]) -> int:
         lru = self.lru[KV]
+        oldest = lru.lru_leaf_parking if self._lazy_kv else lru.lru_unlocked_leaf
         got = 0
-        x = lru.lru_unlocked_leaf()
+        x = oldest()
         while got < want and x is not None:
             nxt = lru.lru_unlocked_leaf(x)
             node = x.node
@@ -533,7 +632,7 @@ class MambaRadixCache:
             tokens, survivor = self._delete_leaf(node, freed_kv, freed_states)
             got += tokens
             if not survivor.children:
-                nxt = lru.lru_unlocked_leaf()  # a new leaf may be older than nxt: restart
+                nxt = oldest()  # a new leaf may be older than nxt: restart
             x = nxt
         return got
 
@@ -648,12 +747,17 @@ class MambaRadixCache:
         if parent.children.pop(ck, None) is not node:
             raise AssertionError(f"{node!r} is not registered under its own key")
         freed_kv += node.value
-        if node in self._kv_loose:
-            self._kv_loose.discard(node)
-            self._held_kv.release(node.value, False)
+        if self._kv_owner is not None:
+            self._kv_owner.release(node.value)
+        kv_lru = self.lru[KV]
+        if self._lazy_kv and parent.parent is not None and parent.kv.stamp < node.kv.stamp:
+            # The parent's implied stamp was at least this node's: it takes its place.
+            if parent.kv.prev is not None:
+                kv_lru.remove(parent.kv)
+            kv_lru.take_place(node.kv, parent.kv)
         else:
-            self._held_kv.release(node.value, True)  # one run of indices
-        self.lru[KV].remove(node.kv)
+            kv_lru.remove(node.kv)
+        self._node_total -= 1
         self._evictable[KV] -= len(node.value)
         node.parent = None  # marks the node as deleted (stale handles are rejected)
         node.kv.node = node.st.node = None  # no cycle: the node is freed at once
@@ -781,7 +885,7 @@ class MambaRadixCache:
         )
 
     def node_count(self) -> int:
-        return self.lru[KV].size
+        return self._node_total
 
     # ------------------------------------------------------ recency (read-only)
 

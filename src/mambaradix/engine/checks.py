@@ -12,7 +12,7 @@ import torch
 
 from mambaradix.core.compat import COMPAT_MODES, resolve_compat
 from mambaradix.engine.device import check_dtype
-from mambaradix.lifecycle.manager import STRATEGIES
+from mambaradix.lifecycle.strategy import PAGE_RULE, check_strategy, takes_page
 from mambaradix.scheduler import admission_need, fits_alone, kv_needed_alone, slots_alone
 from mambaradix.validate import (
     HOST_BYTES_PER_ID,
@@ -102,14 +102,10 @@ def _check_plugins(kw: dict[str, Any]) -> None:
 
 
 def _strategy(strategy: object, page: int) -> str:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    if strategy == "no_buffer" and page != 1:
-        raise ValueError(
-            f"page_size {page} needs strategy='extra_buffer': no_buffer keeps states at exact "
-            "token ends (page_size 1), as in SGLang"
-        )
-    return str(strategy)
+    checked = check_strategy(strategy)
+    if not takes_page(checked, page):
+        raise ValueError(f"page_size {page} needs strategy='extra_buffer': {PAGE_RULE}")
+    return checked
 
 
 def kv_need(prompt: int, max_new: int, page: int, what: str = "prompt") -> tuple[int, str]:

@@ -60,3 +60,9 @@ class GridCheckpoints:
 
     def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
         self.inner.on_cached(req, node, kind)
+
+    def before_match(self, req: Request) -> None:
+        self.inner.before_match(req)
+
+    def on_abort(self, req: Request) -> None:
+        self.inner.on_abort(req)

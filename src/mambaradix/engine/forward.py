@@ -52,6 +52,9 @@ class TorchForward:
         self.forwards = 0
         self.decode_forwards = 0
 
+    def pass_steps(self, n: int) -> None:
+        """Quiet decode steps: nothing to compute."""
+
     def _extend(self, req: Request, start: int, end: int) -> torch.Tensor:
         assert req.row is not None and req.slot is not None
         row = self.table[req.row : req.row + 1, :end]

@@ -11,6 +11,12 @@ blocks of `block_size` tokens that end inside its edge. Only full blocks are ann
   is never announced (a router floors to the deepest announced state, never rounds up).
 * `AllBlocksCleared` on `reset()`; `dump()` describes the current contents.
 
+Lower tiers (`stored_on` / `removed_from`, called by whoever moves bytes): a node's KV
+blocks or its state copied to HOST or DISK, or dropped there, announced with that
+`medium` under the same hashes. The tree's own events stay about the device: a node the
+tree evicts from the device keeps what was announced on the lower tiers until
+`removed_from` (call it while the node is still in the tree) or a reset.
+
 A split moves block ownership between two nodes and announces nothing. Nodes under an
 `extra_key` namespace, and tokens outside uint32 (the hash input), are not announced:
 `skipped_blocks` counts them; a router then under-credits, never over-credits.
@@ -19,12 +25,16 @@ A split moves block ownership between two nodes and announces nothing. Nodes und
 from __future__ import annotations
 
 from array import array
+from dataclasses import replace
 from typing import Any
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.events.hashing import block_digest, digest_to_int64
 from mambaradix.events.model import (
+    DISK,
+    HOST,
+    KV_GROUP,
     STATE_GROUP,
     STATE_KIND,
     AllBlocksCleared,
@@ -72,6 +82,8 @@ class EventEmitter:
         self._root = _Blocks(0, [], None, array("q"), True)
         self._nodes: dict[TreeNode, _Blocks] = {}
         self._pending: list[Event] = []
+        # what is announced on the lower tiers: (medium, group, hash) -> its store, for dump
+        self._lower: dict[tuple[str, int, int], BlockStored] = {}
         for node in _parents_first(tree.root):
             self.node_added(node)
             if node.state is not None:
@@ -89,7 +101,8 @@ class EventEmitter:
 
     def dump(self) -> list[Event]:
         """Events that rebuild the current contents from nothing: `AllBlocksCleared`, then
-        every stored block (parents first) and every announced state."""
+        every stored block (parents first) and every announced state, then what is
+        announced on the lower tiers, in the order it was."""
         out: list[Event] = [AllBlocksCleared()]
         for node in _parents_first(self.tree.root):
             info = self._nodes[node]
@@ -97,7 +110,59 @@ class EventEmitter:
                 out.append(self._kv_stored(self._info_of(node.parent), node, info))
             if info.state_hash is not None:
                 out.append(self._state_stored(node, info))
+        out.extend(self._lower.values())
         return out
+
+    # ---------------------------------------------------------- lower tiers
+
+    def stored_on(self, medium: str, node: TreeNode, kv: bool = True, state: bool = False) -> None:
+        """`node`'s KV blocks (those ending inside its edge; `kv`) and/or its state (if it
+        sits on a block end; `state`) are now also on `medium` (HOST or DISK). Report a
+        node once its ancestors' tokens are there too (HiCache backs up parents first):
+        a router places a block under its parent."""
+        info = self._check_lower(medium, node, kv, state)
+        if kv and info.digests:
+            event = replace(self._kv_stored(self._info_of(node.parent), node, info), medium=medium)
+            self._pending.append(event)
+            for one in _one_per_block(event):
+                self._lower[(medium, KV_GROUP, one.block_hashes[0])] = one
+        if state and info.digests and info.end % self.block_size == 0:
+            event = replace(self._state_stored(node, info), medium=medium)
+            self._pending.append(event)
+            self._lower[(medium, STATE_GROUP, event.block_hashes[0])] = event
+
+    def removed_from(
+        self, medium: str, node: TreeNode, kv: bool = True, state: bool = False
+    ) -> None:
+        """`node`'s KV blocks and/or its state left `medium` (HOST or DISK). Removing the
+        KV removes the state there too, for a router (as on the device)."""
+        info = self._check_lower(medium, node, kv, state)
+        if not info.digests:
+            return
+        last = digest_to_int64(info.digests[-1])
+        if state and info.end % self.block_size == 0:
+            self._pending.append(BlockRemoved((last,), STATE_GROUP, medium))
+            self._lower.pop((medium, STATE_GROUP, last), None)
+        if kv:
+            hashes = tuple(digest_to_int64(d) for d in info.digests)
+            self._pending.append(BlockRemoved(hashes, KV_GROUP, medium))
+            for h in hashes:
+                self._lower.pop((medium, KV_GROUP, h), None)
+            if info.end % self.block_size == 0:
+                self._lower.pop((medium, STATE_GROUP, last), None)
+
+    def _check_lower(self, medium: Any, node: Any, kv: Any, state: Any) -> _Blocks:
+        if medium not in (HOST, DISK):
+            raise ValueError(
+                f"medium must be {HOST!r} or {DISK!r} (the tree reports the device itself), "
+                f"got {medium!r}"
+            )
+        if not isinstance(kv, bool) or not isinstance(state, bool) or not (kv or state):
+            raise ValueError(f"kv and state must be bools, one of them True; got {kv!r}, {state!r}")
+        info = self._nodes.get(node) if isinstance(node, TreeNode) else None
+        if info is None:
+            raise ValueError(f"node must be a node of the tree (not its root), got {node!r}")
+        return info
 
     # ------------------------------------------------------------- listener
 
@@ -143,6 +208,7 @@ class EventEmitter:
 
     def tree_reset(self) -> None:
         self._nodes.clear()
+        self._lower.clear()  # AllBlocksCleared clears every medium
         self._pending.append(AllBlocksCleared())
 
     # -------------------------------------------------------------- helpers
@@ -187,6 +253,16 @@ class EventEmitter:
         prev = None if before is None else digest_to_int64(before)
         last = digest_to_int64(info.digests[-1])
         return BlockStored((last,), prev, tokens, self.block_size, STATE_GROUP, STATE_KIND)
+
+
+def _one_per_block(e: BlockStored) -> list[BlockStored]:
+    """A KV store split into one store per block, each under the block before it."""
+    out, parent, size = [], e.parent_block_hash, e.block_size
+    for i, h in enumerate(e.block_hashes):
+        tokens = tuple(e.token_ids[i * size : (i + 1) * size])
+        out.append(replace(e, block_hashes=(h,), parent_block_hash=parent, token_ids=tokens))
+        parent = h
+    return out
 
 
 def _parents_first(root: TreeNode) -> list[TreeNode]:

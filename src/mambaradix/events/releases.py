@@ -24,7 +24,7 @@ from mambaradix.events.model import DEVICE, DISK, HOST
 
 # BlockStored as vLLM 0.24.0 defines it: the first `required` fields have no default
 # (always written), the rest default to None (left out when None: omit_defaults).
-_VLLM_STORED = (
+VLLM_STORED = (
     "block_hashes",
     "parent_block_hash",
     "token_ids",
@@ -37,6 +37,7 @@ _VLLM_STORED = (
     "kv_cache_spec_kind",
     "kv_cache_spec_sliding_window",
 )
+VLLM_REMOVED = ("block_hashes", "medium", "group_idx")
 _SGLANG_STORED = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id")
 
 
@@ -88,8 +89,8 @@ def _vllm(
         engine="vllm",
         event_maps=True,
         omit_defaults=True,
-        stored=Schema(_VLLM_STORED + extra_stored, 7),
-        removed=Schema(("block_hashes", "medium", "group_idx") + extra_removed, 2),
+        stored=Schema(VLLM_STORED + extra_stored, 7),
+        removed=Schema(VLLM_REMOVED + extra_removed, 2),
         replay_topic=topic,
         media=MappingProxyType(media),
         per_page=False,

@@ -420,20 +420,9 @@ def _hash(value: Any) -> int:
 
 # ------------------------------------------------------------------ generic reading
 
-# Positions in an array-layout event (SGLang's order, then an older vLLM's).
-_STORED_FIELDS = (
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
-)
-_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+# Positions in an array-layout event: vLLM's order (SGLang's is its first five fields).
+_STORED_FIELDS = releases.VLLM_STORED
+_REMOVED_FIELDS = releases.VLLM_REMOVED
 
 
 def _decode_generic(payload: bytes) -> DecodedBatch:

@@ -5,6 +5,6 @@
 take them off the wire and answer over HTTP; `mambaradix index` runs them as a process.
 """
 
-from mambaradix.index.indexer import Indexer, Overlap
+from mambaradix.index.indexer import Indexer, Overlap, TierOverlap
 
-__all__ = ["Indexer", "Overlap"]
+__all__ = ["Indexer", "Overlap", "TierOverlap"]

@@ -4,6 +4,10 @@
   `{"instances": {"<worker>": {"longest_matched", "gpu", "usable", "tail_recompute"}},
   "block_size": B}`; `longest_matched` and `gpu` are the KV overlap Dynamo reports, the
   other two what a hybrid worker can actually reuse. Every registered worker is listed.
+  With `"tiers": true` (or a list of media, e.g. `["device", "host"]`) each instance
+  also carries `"tiers": {"<medium>": {"longest_matched", "usable", "tail_recompute",
+  "load", "state_medium"}}` (`Indexer.query_tiers`: cumulative, device <= host <= disk)
+  and Dynamo's cumulative `"cpu"` / `"disk"` overlaps for the lower tiers asked for.
 * `GET /workers`: per worker, its stream position and counts.
 * `GET /dump`: per worker, the events that rebuild what it holds.
 
@@ -18,12 +22,21 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from mambaradix.events.model import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from mambaradix.events.model import (
+    DISK,
+    HOST,
+    MEDIA,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Event,
+)
 from mambaradix.events.releases import release
-from mambaradix.index.indexer import Indexer
+from mambaradix.index.indexer import Indexer, TierOverlap, check_media
 from mambaradix.index.subscriber import ZmqSubscriber
 
 MAX_BODY = 64 << 20
@@ -99,9 +112,11 @@ class _Handler(BaseHTTPRequestHandler):
         ):
             return self._send(400, {"error": "token_ids must be a list of ints"})
         try:
+            media = _tiers_asked(body.get("tiers", False))
             with self.server.lock:
                 result = self.server.indexer.query(tokens)
-        except TypeError as e:
+                tiers = None if media is None else self.server.indexer.query_tiers(tokens, media)
+        except (TypeError, ValueError) as e:
             return self._send(400, {"error": str(e)})
         instances = {
             str(w): {
@@ -112,6 +127,9 @@ class _Handler(BaseHTTPRequestHandler):
             }
             for w, o in result.items()
         }
+        if tiers is not None:
+            for w, per in tiers.items():
+                instances[str(w)].update(_tier_fields(per))
         self._send(200, {"instances": instances, "block_size": self.server.indexer.block_size})
 
     def _body(self) -> dict[str, Any]:
@@ -162,6 +180,28 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+
+
+def _tiers_asked(value: Any) -> tuple[str, ...] | None:
+    """The media a query's `tiers` field asks for (None: the plain answer)."""
+    if value is False or value is None:
+        return None
+    if value is True:
+        return MEDIA
+    if not isinstance(value, list):
+        raise ValueError(f"tiers must be true, false or a list of media; got {_kind(value)}")
+    try:
+        return check_media(value)
+    except ValueError as e:
+        raise ValueError(f"tiers: {e}") from None
+
+
+def _tier_fields(per: dict[str, TierOverlap]) -> dict[str, Any]:
+    out: dict[str, Any] = {"tiers": {m: asdict(o) for m, o in per.items()}}
+    for medium, name in ((HOST, "cpu"), (DISK, "disk")):  # Dynamo's cumulative overlaps
+        if medium in per:
+            out[name] = per[medium].longest_matched
+    return out
 
 
 def _kind(value: Any) -> str:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from mambaradix.lifecycle.manager import (
     SGLANG_STATE_HEADROOM,
-    STRATEGIES,
     CacheManager,
     Evictor,
     lru_evictor,
 )
 from mambaradix.lifecycle.request import Request
+from mambaradix.lifecycle.strategy import STRATEGIES
 
 __all__ = [
     "SGLANG_STATE_HEADROOM",

@@ -4,7 +4,7 @@ or held by exactly one request, exactly once."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from mambaradix.lifecycle.manager import CacheManager
@@ -27,6 +27,19 @@ def check_conservation(mgr: CacheManager) -> None:
     else:
         _check_owned("KV page", mgr.kv, tree_kv, sorted({i // page for i in held_kv}), page)
     _check_owned("state slot", mgr.slots, mgr.tree.all_states(), held_slots, 1)
+    _check_pool_map(mgr, held_kv)
+
+
+def _check_pool_map(mgr: CacheManager, held_kv: list[int]) -> None:
+    """With the KV pool as the tree's owner (`core/ownership.py`), its map holds the
+    tree's KV indices exactly, and none of a request's."""
+    owner = mgr.tree.kv_owner
+    if owner is None or owner is not cast(object, mgr.kv):
+        return
+    if owner.tree_indices() != set(mgr.tree.all_kv_indices()):
+        raise AssertionError("the KV pool's map of the tree's slots differs from the tree")
+    if any(owner.held_by_tree(i) for i in held_kv):
+        raise AssertionError("a KV index is held by a request and by the tree at once")
 
 
 def _check_owned(what: str, pool: Any, tree: list[int], held: list[int], unit: int) -> None:

@@ -53,12 +53,13 @@ from typing import Any, Protocol
 
 from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_CURRENT, resolve_compat
 from mambaradix.core.node import TreeNode
+from mambaradix.core.ownership import KVOwner
 from mambaradix.core.results import EvictResult
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle.request import Request
+from mambaradix.lifecycle.strategy import PAGE_RULE, check_strategy, takes_page
 from mambaradix.pools._checks import as_int
 
-STRATEGIES = ("no_buffer", "extra_buffer")
 SGLANG_STATE_HEADROOM = 3  # MAMBA_STATE_PER_REQ_PREFIX_CACHE: 2 ping-pong + 1 running
 
 
@@ -132,6 +133,7 @@ class CacheManager:
         page_checkpoints: bool = False,
     ) -> None:
         _check_setup(tree, kv, strategy, track_slots, page_checkpoints)
+        _attach_kv_owner(tree, kv)
         self.rules = _rules(tree.compat, sglang_rules)  # an SGLang release, or None: ours
         self.tree, self.kv, self.slots, self.states, self.rows = tree, kv, slots, states, rows
         self.strategy = strategy
@@ -445,22 +447,23 @@ class CacheManager:
         self._free_kv(r.freed_kv)
         if r.state_existed:
             self.slots.free([donated])
-        node, indices = self._checkpoint_node(key, req)
-        self.rows.write(req.row, req.prefix_len, indices[req.prefix_len :])
+        node = self._checkpoint_node(r.node)
+        self.rows.write(req.row, req.prefix_len, self.tree.path_kv(node, req.prefix_len))
         new_lock = self.tree.inc_lock_ref(node)
         self.tree.dec_lock_ref(req.lock)
-        req.lock, req.node, req.prefix_len = new_lock, node, len(indices)
+        req.lock, req.node, req.prefix_len = new_lock, node, cache_len
         req.last_track_len = None
         return None if r.state_existed else node
 
-    def _checkpoint_node(self, key: array[int], req: Request) -> tuple[TreeNode, array[int]]:
-        """The node a checkpoint's lock moves to, and the tree's KV indices up to
-        it: SGLang 0.5.15.post1 (and ours) match the key again, refreshing it;
-        0.5.23 takes the node its insert ended on, refreshing nothing."""
-        again = self.rules == SGLANG_0_5_15 or self.rules is None
-        m = self.tree.match_prefix(key, req.extra_key, read_only=not again)
-        assert m.prefix_len == len(key)  # the key's end holds a state now
-        return m.node, m.kv_indices
+    def _checkpoint_node(self, node: TreeNode | None) -> TreeNode:
+        """The node a checkpoint's lock moves to: the one its insert ended on (it holds
+        the key's state now). SGLang 0.5.15.post1 (and ours) match the key again,
+        refreshing its path: `touch` does the same without the walk; 0.5.23 takes the
+        node, refreshing nothing."""
+        assert node is not None
+        if self.rules == SGLANG_0_5_15 or self.rules is None:
+            self.tree.touch(node)
+        return node
 
     def finish(self, req: Request, insert: bool = True) -> TreeNode | None:
         """SGLang's cache_finished_req: insert what is computed (no_buffer: up
@@ -501,7 +504,7 @@ class CacheManager:
             key, self.rows.read(req.row, 0, cache_len), state, req.prefix_len, req.extra_key
         )
         self._free_kv(r.freed_kv)
-        return None if r.state_existed else self.tree.peek(key, req.extra_key)
+        return None if r.state_existed else r.node
 
     def _free_slots(self, req: Request, keep_tracked: bool) -> None:
         """Free the track slots (all, or all but the one the tree now holds)."""
@@ -584,14 +587,20 @@ def _rules(compat: str | None, sglang_rules: bool | str | None) -> str | None:
         ) from None
 
 
+def _attach_kv_owner(tree: MambaRadixCache, kv: Any) -> None:
+    """The KV pool answers for the KV indices the tree takes (`core/ownership.py`),
+    when it can (the `pools.kv` allocators) and the tree is still empty."""
+    if isinstance(kv, KVOwner) and not tree.root.children:
+        tree.attach_kv_owner(kv)
+
+
 def _check_setup(
     tree: MambaRadixCache, kv: Any, strategy: str, track_slots: int, page_checkpoints: bool
 ) -> None:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    if strategy == "no_buffer" and tree.page_size != 1 and page_checkpoints is not True:
+    check_strategy(strategy)
+    if not takes_page(strategy, tree.page_size) and page_checkpoints is not True:
         raise ValueError(
-            "page_size must be 1 with strategy='no_buffer' (states sit at exact token ends); "
+            f"page_size must be 1 with strategy='no_buffer' ({PAGE_RULE}); "
             "use strategy='extra_buffer' for larger pages"
         )
     if strategy == "extra_buffer" and (isinstance(track_slots, bool) or track_slots not in (1, 2)):

@@ -10,6 +10,10 @@ Order is LIFO: `alloc(n)` pops the top n ids, `free(ids)` pushes ids back so
 that the next `alloc(len(ids))` returns them in the order they were freed.
 A fresh stack hands out 0, 1, 2, ... in ascending order.
 
+A KV token allocator lends its flags to the radix tree as the KV slots' owner map
+(`pools/ownership.py`): a flag of 2 marks an id the tree holds, which is neither free nor
+freeable until the tree hands it back.
+
 Speed: both operations are O(n) in the ids moved, never in the size. The
 stack itself is only sliced, reversed and extended (all in C). Flags are read
 and written in one of two ways, chosen per call by batch length:
@@ -115,12 +119,12 @@ class FreeStack:
         stack, flags = self._stack, self._flags
         if len(set(stack)) != len(stack):
             raise RuntimeError(f"free {self._noun} stack holds duplicates")
-        if sum(flags) != len(stack):
+        if flags.count(1) != len(stack):
             raise RuntimeError(
-                f"{sum(flags)} {self._noun}s flagged free but {len(stack)} on the stack"
+                f"{flags.count(1)} {self._noun}s flagged free but {len(stack)} on the stack"
             )
         for i in stack:
-            if not 0 <= i < self._size or not flags[i]:
+            if not 0 <= i < self._size or flags[i] != 1:
                 raise RuntimeError(f"{self._noun} {i} on the free stack but not flagged free")
 
     def _set_flags(self, ids: array[int], value: int) -> None:
@@ -136,7 +140,7 @@ class FreeStack:
         self._check_bounds(lo, hi, what)
         flags = self._flags
         if any(map(flags.__getitem__, ids)):
-            self._raise_already_free(next(i for i in ids if flags[i]), what)
+            self._raise_not_held(next(i for i in ids if flags[i]), what)
         if len(set(ids)) != len(ids):
             seen: set[int] = set()
             for i in ids:
@@ -149,7 +153,7 @@ class FreeStack:
         self._check_bounds(int(v.min()), int(v.max()), what)
         hit = np.flatnonzero(np.frombuffer(self._flags, dtype=np.uint8)[v])
         if hit.size:
-            self._raise_already_free(int(v[hit[0]]), what)
+            self._raise_not_held(int(v[hit[0]]), what)
         repeat_at = self._first_repeat(v)
         if repeat_at is not None:
             self._raise_repeated(repeat_at, what)
@@ -173,7 +177,11 @@ class FreeStack:
             bad = lo if lo < 0 else hi
             raise ValueError(f"{what}: {bad} is out of range [0, {self._size})")
 
-    def _raise_already_free(self, i: int, what: str) -> NoReturn:
+    def _raise_not_held(self, i: int, what: str) -> NoReturn:
+        if self._flags[i] == 2:  # see the module docstring
+            raise ValueError(
+                f"{what}: {self._noun} {i} is held by the radix tree: free only what it hands back"
+            )
         raise ValueError(f"{what}: {self._noun} {i} is already free (double free?)")
 
     def _raise_repeated(self, i: int, what: str) -> NoReturn:

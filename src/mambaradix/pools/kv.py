@@ -11,6 +11,11 @@ radix tree stores and later returns for the caller to free here.
 Both are LIFO (see `_freelist.FreeStack`): the most recently freed indices
 (pages) are reused first, in the order they were freed; a fresh allocator
 hands out 0, 1, 2, ... in ascending order.
+
+Both know, one byte per index, whether it is free, a request's or the radix
+tree's (`pools/ownership.py`), and are the tree's `KVOwner` (`core/ownership.py`):
+`CacheManager` attaches its allocator to its tree, which then takes only indices
+a request holds, and `free` refuses the ones the tree holds.
 """
 
 from __future__ import annotations
@@ -29,21 +34,49 @@ from mambaradix.pools._checks import (
     check_in_range,
 )
 from mambaradix.pools._freelist import FreeStack
+from mambaradix.pools.ownership import FREE, REQUEST, TREE, SlotOwners
 
 __all__ = ["PagedKVAllocator", "TokenKVAllocator"]
 
 
-class TokenKVAllocator:
+class _OwnerMethods:
+    """`core.ownership.KVOwner` for an allocator, through its `_owners` map."""
+
+    __slots__ = ()
+    _owners: SlotOwners
+
+    def claim(self, values: array[int], start: int, keep: int) -> bool:
+        """The tree takes values[keep:] (see `KVOwner.claim`)."""
+        return self._owners.claim(values, start, keep)
+
+    def release(self, values: array[int]) -> None:
+        """The tree hands `values` back: the caller's again (to free)."""
+        self._owners.release(values)
+
+    def held_by_tree(self, index: int) -> bool:
+        return self._owners.held_by_tree(index)
+
+    def refusal(self, index: int) -> str | None:
+        return self._owners.refusal(index)
+
+    def tree_indices(self) -> set[int]:
+        """Every index the tree holds. O(capacity)."""
+        return self._owners.tree_indices()
+
+
+class TokenKVAllocator(_OwnerMethods):
     """Token indices 0..size-1, one at a time (page size 1).
 
     Invariant: available_size() + (indices held by callers) == capacity.
     Every method either succeeds or raises leaving the allocator unchanged.
     """
 
-    __slots__ = ("_free",)
+    __slots__ = ("_free", "_owners")
 
     def __init__(self, size: int) -> None:
         self._free = FreeStack(as_positive(size, "size"), "index")
+        # The free list's flags are the owner map (FREE = 1, REQUEST = 0, TREE = 2).
+        self._owners = SlotOwners(self._free._flags)
 
     @property
     def capacity(self) -> int:
@@ -82,7 +115,7 @@ class TokenKVAllocator:
         return f"TokenKVAllocator(capacity={self.capacity}, available={self.available_size()})"
 
 
-class PagedKVAllocator:
+class PagedKVAllocator(_OwnerMethods):
     """Token indices 0..size-1 grouped in pages of `page_size` consecutive
     indices; page p holds p*page_size .. p*page_size + page_size - 1.
 
@@ -92,7 +125,7 @@ class PagedKVAllocator:
     Every method either succeeds or raises leaving the allocator unchanged.
     """
 
-    __slots__ = ("_pages", "_page_size")
+    __slots__ = ("_pages", "_page_size", "_owners", "_fills")
 
     def __init__(self, size: int, page_size: int) -> None:
         size = as_positive(size, "size")
@@ -101,6 +134,8 @@ class PagedKVAllocator:
             raise ValueError(f"size ({size}) must be a multiple of page_size ({page_size})")
         self._page_size = page_size
         self._pages = FreeStack(size // page_size, "page")
+        self._owners = SlotOwners(bytearray((FREE,)) * size)
+        self._fills = {v: bytearray((v,)) * page_size for v in (FREE, REQUEST)}
 
     @property
     def capacity(self) -> int:
@@ -133,7 +168,10 @@ class PagedKVAllocator:
         if n % self._page_size:
             raise ValueError(f"n ({n}) must be a multiple of page_size ({self._page_size})")
         pages = self._pages.alloc(n // self._page_size)
-        return None if pages is None else self._expand(pages)
+        if pages is None:
+            return None
+        self._mark_pages(pages, REQUEST)
+        return self._expand(pages)
 
     def alloc_extend(self, last_index: int | None, n: int) -> array[int] | None:
         """Indices for `n` more tokens of a request whose last token sits at
@@ -160,6 +198,7 @@ class PagedKVAllocator:
         pages = self._pages.alloc(-(-need // ps))
         if pages is None:
             return None
+        self._mark_pages(pages, REQUEST)
         out = array("q", range(start, start + take))
         new = self._expand(pages)
         del new[need:]
@@ -173,14 +212,48 @@ class PagedKVAllocator:
         back in order of first appearance (LIFO: the first is reused first).
 
         Raises ValueError and frees nothing if an index is out of range or
-        lies on a page that is already free."""
+        lies on a page that is already free or holds an index of the tree."""
         idx = as_index_array(indices, "indices")
         check_in_range(idx, self.capacity, "indices")
-        self._pages.free(self._pages_of(idx), "indices")
+        pages = self._pages_of(idx)
+        self._check_not_tree(pages)
+        self._pages.free(pages, "indices")
+        self._mark_pages(pages, FREE)
 
     def check_invariants(self) -> None:
         """O(num_pages) self-check; raises RuntimeError on corruption. Pure."""
         self._pages.check_invariants()
+
+    def _mark_pages(self, pages: array[int], value: int) -> None:
+        """Every index of `pages` (valid) now has owner `value` (FREE or REQUEST)."""
+        ps, owners = self._page_size, self._owners.owners
+        if len(pages) * ps < VECTOR_MIN:
+            fill = self._fills[value]
+            for p in pages:
+                owners[p * ps : p * ps + ps] = fill
+        else:
+            rows = np.frombuffer(owners, dtype=np.uint8).reshape(-1, ps)
+            rows[np.frombuffer(pages, dtype=np.int64)] = value
+
+    def _check_not_tree(self, pages: array[int]) -> None:
+        """ValueError, naming the index, if the tree holds an index of `pages`."""
+        ps, owners = self._page_size, self._owners
+        if len(pages) * ps < VECTOR_MIN:
+            for p in pages:
+                at = owners.first_tree_held(p * ps, p * ps + ps)
+                if at >= 0:
+                    break
+            else:
+                return
+        else:
+            rows = np.frombuffer(owners.owners, dtype=np.uint8).reshape(-1, ps)
+            hit = np.flatnonzero(rows[np.frombuffer(pages, dtype=np.int64)].ravel() == TREE)
+            if not hit.size:
+                return
+            at = int(pages[int(hit[0]) // ps]) * ps + int(hit[0]) % ps
+        raise ValueError(
+            f"indices: index {at} is held by the radix tree: free only what it hands back"
+        )
 
     def _check_index(self, value: object, name: str) -> int:
         i = as_int(value, name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from mambaradix.lifecycle.strategy import PAGE_RULE, takes_page
 from mambaradix.validate import as_bool, as_positive, as_real, as_type
 
 if TYPE_CHECKING:
@@ -37,6 +38,10 @@ def check_serving_config(cfg: ServingConfig) -> None:
     if cfg.kv_units is not None:
         as_positive(cfg.kv_units, "kv_units")
         as_positive(cfg.state_slots, "state_slots")
+    for name in ("host_gb", "store_gb", "host_latency_us", "store_latency_us"):
+        as_real(getattr(cfg, name), name, low=0)
+    for name in ("host_gbps", "store_gbps"):
+        as_real(getattr(cfg, name), name, low=0, low_open=True)
 
 
 def check_inputs(trace: Trace, profile: ModelProfile, cfg: ServingConfig) -> None:
@@ -113,9 +118,7 @@ def unpaged_policies(policies: list[str], trace: Trace, cfg: ServingConfig) -> l
             "byte budget) allocates KV one token at a time"
         )
     return [
-        p
-        for p in policies
-        if page > 1 and policy_strategy(p) == "no_buffer" and not policy_own_page(p)
+        p for p in policies if not takes_page(policy_strategy(p), page) and not policy_own_page(p)
     ]
 
 
@@ -141,8 +144,8 @@ def check_paged(policies: list[str], trace: Trace, cfg: ServingConfig, name: str
     if left_out:
         raise ValueError(
             f"{name}: {', '.join(left_out)} (no_buffer) needs page_size 1 on a token-level "
-            f"trace, got {cfg.page_size}; extra_buffer policies (sglang-extra-buffer) take "
-            "any page size"
+            f"trace, got {cfg.page_size} ({PAGE_RULE}); extra_buffer policies "
+            "(sglang-extra-buffer) take any page size"
         )
 
 

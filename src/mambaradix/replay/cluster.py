@@ -325,7 +325,9 @@ def cluster_metrics(cluster: Cluster, router: str) -> dict[str, Any]:
         "mispredicted_tokens": over,
         "undercredited_tokens": under,
         "load_imbalance": max(busy) / mean_busy if mean_busy > 0 else 1.0,
-        "ttft_mean_s": sum(ttfts) / len(ttfts) if ttfts else 0.0,
+        # As the single replay's (run.py): fmean sums exactly, so the order of the
+        # instances' requests cannot change the last bit, and None where nothing was served.
+        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
         "per_instance": [_instance_row(node) for node in cluster.nodes],
     }
 

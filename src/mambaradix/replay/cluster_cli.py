@@ -156,7 +156,7 @@ def table(data: dict[str, Any]) -> str:
         lines.append(
             f"{r['memory_gb']:>5g}GB {r['router']:<12} {r['policy']:<{w}} "
             f"{r['token_hit_rate']:>8.1%} {r['request_hit_rate']:>8.1%} {r['dropped']:>7,} "
-            f"{_seconds(r['ttft_p50_s'])} {_seconds(r['ttft_p95_s'])} {r['ttft_mean_s']:>8.3f}s "
+            f"{_seconds(r['ttft_p50_s'])} {_seconds(r['ttft_p95_s'])} {_seconds(r['ttft_mean_s'])} "
             f"{r['credited_tokens']:>13,} {r['mispredicted_tokens']:>12,} "
             f"{r['load_imbalance']:>9.2f}"
         )

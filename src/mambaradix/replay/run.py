@@ -124,7 +124,7 @@ def summarize(models: Sequence[ServingModel], policy: str, cfg: ServingConfig) -
     requests = len(outs) + len(dropped)
     ttfts = sorted(o.ttft_s for o in outs)
     unit = models[0].units.unit
-    return {
+    out = {
         "policy": policy,
         "memory_gb": cfg.memory_gb,
         "requests": requests,
@@ -138,6 +138,7 @@ def summarize(models: Sequence[ServingModel], policy: str, cfg: ServingConfig) -
         "request_hit_rate": sum(1 for o in outs if o.hit_tokens) / max(1, requests),
         "kv_hit_tokens": sum(o.kv_hit_tokens for o in outs),
         "flops_saved": sum(o.flops_saved for o in outs),
+        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
         "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
         "ttft_p95_s": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else None,
         "retractions": sum(o.retractions for o in outs),
@@ -148,4 +149,26 @@ def summarize(models: Sequence[ServingModel], policy: str, cfg: ServingConfig) -
         "peak_states": sum(m.peak_states for m in models),
         "state_capacity": sum(m.cache.slots.capacity for m in models),
         "config": asdict(cfg),
+    }
+    if cfg.tiered:
+        out.update(tier_metrics(models, outs))
+    return out
+
+
+def tier_metrics(models: Sequence[ServingModel], outs: list[Any]) -> dict[str, Any]:
+    """What the lower tiers served (`replay.tiered`), over every instance."""
+    tiered = [m.tiered for m in models if m.tiered is not None]
+    stats = [t.tiers.stats for t in tiered]
+    return {
+        "host_hit_tokens": sum(o.host_hit_tokens for o in outs),
+        "store_hit_tokens": sum(o.store_hit_tokens for o in outs),
+        "host_loads": sum(s.loads["host"] for s in stats),
+        "store_loads": sum(s.loads["store"] for s in stats),
+        "loads_recomputed": sum(s.recomputed for s in stats),
+        "loads_failed": sum(s.failed for s in stats),
+        "loaded_bytes": sum(sum(s.loaded_bytes.values()) for s in stats),
+        "load_s": sum(o.load_s for o in outs),
+        "host_peak_bytes": sum(t.tiers.host.peak for t in tiered),
+        "store_peak_bytes": sum(t.tiers.store.peak for t in tiered),
+        "break_even_tokens": tiered[0].break_even_tokens() if tiered else None,
     }

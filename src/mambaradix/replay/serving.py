@@ -29,12 +29,20 @@ from dataclasses import dataclass, field
 
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager
+from mambaradix.lifecycle.strategy import PAGE_RULE, takes_page
 from mambaradix.pools import ReqToTokenTable
 from mambaradix.replay.checks import check_serving_config
 from mambaradix.replay.memory import NullStatePool, exact_pools, shared_pools, split_pools
 from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.policies import Policy, PolicyContext
 from mambaradix.replay.sessions import Releases
+from mambaradix.replay.tier_rules import (
+    DEFAULT_HOST_GBPS,
+    DEFAULT_HOST_LATENCY_US,
+    DEFAULT_STORE_GBPS,
+    DEFAULT_STORE_LATENCY_US,
+)
+from mambaradix.replay.tiered import TieredCache, TierHooks
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.scheduler import (
     DECODE,
@@ -59,7 +67,8 @@ class ServingConfig:
     --mamba-track-interval. rate: requests/s instead of trace times.
     sequential: Marconi's discipline (see the module docstring). open_loop:
     every request at its time, not after its session's previous answer
-    (`replay.sessions`)."""
+    (`replay.sessions`). host_gb, store_gb: the lower tiers' bytes (0: none), their
+    links' GB/s and microseconds per load (`replay.tier_rules`, published defaults)."""
 
     memory_gb: float
     state_fraction: float = 0.9 / 1.9
@@ -74,6 +83,17 @@ class ServingConfig:
     kv_units: int | None = None  # exact pool sizes instead of the memory split
     state_slots: int | None = None
     open_loop: bool = False
+    host_gb: float = 0.0  # lower tiers (`replay.tiered`): 0 = none
+    store_gb: float = 0.0
+    host_gbps: float = DEFAULT_HOST_GBPS
+    host_latency_us: float = DEFAULT_HOST_LATENCY_US
+    store_gbps: float = DEFAULT_STORE_GBPS
+    store_latency_us: float = DEFAULT_STORE_LATENCY_US
+
+    @property
+    def tiered(self) -> bool:
+        """Whether a host or store tier is configured."""
+        return self.host_gb > 0 or self.store_gb > 0
 
     def __post_init__(self) -> None:
         check_serving_config(self)
@@ -108,6 +128,9 @@ class Outcome:
     cached_units: int = 0  # raw, of the admission that completed (may cover outputs)
     arrival_s: float = 0.0  # when it reached the server (closed loop: after its previous turn)
     done_s: float = 0.0  # when its last token was out
+    host_hit_tokens: int = 0  # of hit_tokens, loaded from the host tier
+    store_hit_tokens: int = 0  # of hit_tokens, loaded from the store tier
+    load_s: float = 0.0  # seconds loading from the tiers (in ttft_s)
 
 
 class Units:
@@ -228,10 +251,12 @@ class ServingModel:
         self.clock = VirtualClock(self.cfg.tpot_s)
         self.cache = self._build_cache()
         self.forward = VirtualForward(self.profile, self.units, self.cfg, self.clock)
+        self.tiered = self._build_tiers()
+        hooks = self.policy if self.tiered is None else TierHooks(self.policy, self.tiered)
         self.scheduler = Scheduler(
             self.cache,
             self.forward,
-            self.policy,
+            hooks,
             self._scheduler_config(),
             self.clock,
             on_finish=self._record,
@@ -246,9 +271,9 @@ class ServingModel:
         page = own_page or page_units(self.cfg.page_size, self.units.unit)
         budget = int(self.cfg.memory_gb * 1e9)
         strategy = self.policy.strategy
-        if page > 1 and strategy == "no_buffer" and own_page is None:
+        if not takes_page(strategy, page) and own_page is None:
             raise ValueError(
-                f"policy {self.policy.name!r} (no_buffer) needs page_size 1; "
+                f"policy {self.policy.name!r} (no_buffer) needs page_size 1 ({PAGE_RULE}); "
                 f"page_size {self.cfg.page_size} needs an extra_buffer policy"
             )
         own = self.policy.build_memory(
@@ -284,6 +309,23 @@ class ServingModel:
     def _shared_memory(self) -> bool:
         """Whether KV and states draw on one byte budget (`_build_cache`)."""
         return (self.cfg.sequential or self.policy.shared_budget) and self.cfg.kv_units is None
+
+    def _build_tiers(self) -> TieredCache | None:
+        if not self.cfg.tiered:
+            return None
+        rules = self.policy.tier_rules(self.profile)
+        tiered = TieredCache(
+            self.cache,
+            self.profile,
+            self.cfg,
+            rules,
+            self.units.unit,
+            self.kv_unit_bytes,
+            self.state_bytes,
+        )
+        tiered.adopt = getattr(self.policy, "adopt_loaded", None)
+        tiered.pool = getattr(self.policy, "pool", None)
+        return tiered
 
     def _budget_bytes(self, budget: int) -> int:
         """The memory in bytes; with exact pool sizes, what they take."""
@@ -408,6 +450,7 @@ class ServingModel:
         self.policy.on_request_done()
         hit = self.units.hit_tokens(tr, seq.cached_tokens)
         ttft = (seq.first_token_time or seq.arrival) - seq.arrival
+        lower = self._lower_hit(tr, seq, hit)
         self.outcomes.append(
             Outcome(
                 seq.id,
@@ -421,7 +464,29 @@ class ServingModel:
                 seq.arrival,
             )
         )
+        if lower is not None:
+            tier, tokens, seconds = lower
+            out = self.outcomes[-1]
+            out.ttft_s += seconds
+            out.load_s = seconds
+            if tier == "host":
+                out.host_hit_tokens = tokens
+            else:
+                out.store_hit_tokens = tokens
         self._ended.append((seq.id, self.outcomes[-1]))
+
+    def _lower_hit(
+        self, tr: TraceRequest, seq: Sequence, hit: int
+    ) -> tuple[str, int, float] | None:
+        """(tier, hit tokens loaded from it, load seconds) when the tiers served it."""
+        if self.tiered is None:
+            return None
+        got = self.tiered.lower_hit_units(seq.req, seq.cached_tokens)
+        if got is None:
+            return None
+        tier, units, seconds = got
+        below = self.units.hit_tokens(tr, seq.cached_tokens - units) if units else 0
+        return tier, hit - below, seconds
 
     def _track_peaks(self) -> None:
         kv, slots = self.cache.kv, self.cache.slots

@@ -14,10 +14,11 @@ our own policy live in `mambaradix.replay.policies`):
                         instead of the prompt end (an identical re-sent prompt
                         then hits, SGLang #22935)
 
-A policy may also have ``before_match(req)``, called before a waiting request
-is looked up (its match may allocate), and ``on_abort(req)``, called before a
-request that was looked up gives everything back unfinished: refused after its
-match, retracted or dropped.
+Two hooks every policy has (no-ops in `SGLangCheckpoints`, which policies extend):
+``before_match(req)``, called before a waiting request is looked up (its match may
+allocate), and ``on_abort(req)``, called before a request that was looked up gives
+everything back unfinished: refused after its match, retracted or dropped. A policy
+that wraps another passes both on.
 
 With the `extra_buffer` strategy the positions come from the tracking rule
 (chunk-aligned, in the strategy), so `stops` is not consulted; `cache_at`
@@ -64,6 +65,15 @@ class CheckpointPolicy(Protocol):
         `node` holds the state (None if the tree already had one there)."""
         ...
 
+    def before_match(self, req: Request) -> None:
+        """`req` is about to be looked up (its match may allocate: vLLM pins blocks)."""
+        ...
+
+    def on_abort(self, req: Request) -> None:
+        """`req`, looked up, gives everything back unfinished (refused after its
+        match, retracted or dropped)."""
+        ...
+
 
 class SGLangCheckpoints:
     """SGLang 0.5.15.post1's checkpoints (see the module docstring)."""
@@ -83,6 +93,12 @@ class SGLangCheckpoints:
         pass
 
     def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
+        pass
+
+    def before_match(self, req: Request) -> None:
+        pass
+
+    def on_abort(self, req: Request) -> None:
         pass
 
 

@@ -51,6 +51,11 @@ class Forward(Protocol):
         """One step for every sequence; the next token of each."""
         ...
 
+    def pass_steps(self, n: int) -> None:
+        """`n` decode steps passed with nothing to compute (a block-trace sequence's
+        quiet steps): a virtual clock advances, a real model does nothing."""
+        ...
+
 
 def scripted_token(seq: Sequence) -> int:
     """The sequence's next scripted output token."""
@@ -73,6 +78,9 @@ class ScriptedForward:
 
     def decode(self, batch: list[DecodeStep]) -> list[int]:
         return [scripted_token(d.seq) for d in batch]
+
+    def pass_steps(self, n: int) -> None:
+        pass
 
 
 class FingerprintForward(ScriptedForward):

@@ -135,10 +135,8 @@ class Scheduler:
             self.on_abort(seq)
 
     def _on_abort(self, seq: Sequence) -> None:
-        """Tell a policy that has the optional hook (see `checkpoints`)."""
-        hook = getattr(self.checkpoints, "on_abort", None)
-        if hook is not None:
-            hook(seq.req)
+        """Tell the policy (see `checkpoints`)."""
+        self.checkpoints.on_abort(seq.req)
 
     @property
     def busy(self) -> bool:
@@ -228,9 +226,7 @@ class Scheduler:
     def _admit_one(self, budget: PrefillBudget, seq: Sequence) -> bool:
         """Match and add one waiting request; False to stop adding."""
         req = seq.req
-        hook = getattr(self.checkpoints, "before_match", None)
-        if hook is not None:
-            hook(req)
+        self.checkpoints.before_match(req)
         if not self.cache.match(req, req.total_len - 1):
             self.batch_is_full = True  # no slot for its state copy: wait for a finish
             self._on_abort(seq)
@@ -402,9 +398,7 @@ class Scheduler:
     def _pass_steps(self, n: int) -> list[int]:
         """Tell the forward that n decode steps passed with no token to compute
         (a virtual clock advances; a real model has nothing to run)."""
-        pass_steps = getattr(self.forward, "pass_steps", None)
-        if pass_steps is not None:
-            pass_steps(n)
+        self.forward.pass_steps(n)
         return []
 
     def _decode_checkpoint(self, seq: Sequence) -> bool:

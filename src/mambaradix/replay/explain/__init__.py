@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from mambaradix.replay.explain.attribute import CATEGORIES, Seen
 from mambaradix.replay.explain.ideal import Ideal, ideal
-from mambaradix.replay.explain.observe import LowerTiers
 from mambaradix.replay.explain.records import Explanation, RequestGap
 from mambaradix.replay.explain.run import explain
 
@@ -19,7 +18,6 @@ __all__ = [
     "CATEGORIES",
     "Explanation",
     "Ideal",
-    "LowerTiers",
     "RequestGap",
     "Seen",
     "explain",

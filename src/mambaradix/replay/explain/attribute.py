@@ -22,12 +22,19 @@ the longest prefix with its property or with a property of a level below it:
     refused     covered by a checkpoint this tree held or its policy refused
     ever_state  covered by a state this tree held at some time
     kept_kv     ... whose KV is still cached
-    lower_tier  ... whose state is held in a lower tier (none exist yet: = hit)
-    hit         what the request hit
+    ever_below  ... covered by a state this instance's lower tiers (host, store)
+                held at some time
+    state_below ... held there still (every group of it)
+    lower_tier  ... usable from them when the request was looked up: its state
+                (every group) and the KV of every unit to it on the device or
+                below (`replay.tiered`'s candidates)
+    recompute   ... and the load-or-recompute rule chose not to load that deep
+    failed      the depth the rule chose to load, when the load failed
+    hit         what the request hit (a prefix loaded from below is hit)
 
 The first three come from the trace; the others were recorded during the run,
-up to the request's (last) admission. Each step between two levels is one
-category:
+up to the request's (last) admission; the five tier levels are the hit when
+no tier is configured. Each step between two levels is one category:
 
     unreachable        bound -> reach
     in_flight          reach -> session      (concurrency: its source still ran,
@@ -38,8 +45,20 @@ category:
     no_checkpoint      here -> refused       (no state kept: grid, retention)
     admission_refused  refused -> ever_state
     kv_evicted         ever_state -> kept_kv
-    state_evicted      kept_kv -> lower_tier (its KV stayed: a tombstone)
-    lower_tier         lower_tier -> hit
+    state_evicted      kept_kv -> ever_below (its KV stayed: a tombstone)
+    tier_dropped       ever_below -> state_below (the state fell out of the
+                                              last tier)
+    tier_kv_dropped    state_below -> lower_tier (the state is below, but KV
+                                              before it fell out of the last tier)
+    lower_tier         lower_tier -> recompute (usable below, loaded, and yet
+                                              not hit: a safety net, 0 in every
+                                              run tested)
+    recompute_chosen   recompute -> failed   (usable below, the rule judged
+                                              recomputing cheaper)
+    load_failed        failed -> hit         (the rule chose to load it, the load
+                                              failed: no device memory, or the
+                                              room it made evicted part of the
+                                              prefix)
 
 The levels are computed bottom up, each the larger of the level below it and
 its own position capped at `reach`, so every step is >= 0. A hit above
@@ -67,7 +86,11 @@ CATEGORIES = (
     "admission_refused",
     "kv_evicted",
     "state_evicted",
+    "tier_dropped",
+    "tier_kv_dropped",
     "lower_tier",
+    "recompute_chosen",
+    "load_failed",
     "beyond_bound",
 )
 """Every category, from the bound down to the hit (see the module docstring)."""
@@ -84,21 +107,29 @@ class Seen(NamedTuple):
     refused: int  # the deepest checkpoint the policy's admission refused
     ever_state: int  # the deepest state this tree ever held
     kept_kv: int  # the deepest state ever held whose KV is still cached
-    lower_tier: int  # the deepest state held in a lower tier (no tiers yet: 0)
+    ever_below: int  # the deepest state a lower tier held at some time (no tier: 0)
+    state_below: int  # ... and holds at the admission (no tier: 0)
+    lower_tier: int  # the deepest prefix a load could have restored (no tier: 0)
+    recompute: int  # that prefix, when the rule chose not to load it (else 0)
+    failed: int  # the depth the rule chose, when its load failed (else 0)
 
 
-NOTHING_SEEN = Seen(0, 0, 0, 0, 0, 0, 0, 0)
+NOTHING_SEEN = Seen(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
 def staircase(reach: int, hit: int, seen: Seen) -> tuple[int, ...]:
-    """The ten levels from `reach` down to `hit` (module docstring), bottom up:
-    each the larger of the level below it and its raw position capped at
+    """The fourteen levels from `reach` down to `hit` (module docstring), bottom
+    up: each the larger of the level below it and its raw position capped at
     `reach`. With `hit >= reach` every level below `reach` is `hit`."""
     if hit >= reach:
-        return (reach,) + (hit,) * 9
+        return (reach,) + (hit,) * 13
     levels = [hit]
     for raw in (
+        seen.failed,
+        seen.recompute,
         seen.lower_tier,
+        seen.state_below,
+        seen.ever_below,
         seen.kept_kv,
         seen.ever_state,
         seen.refused,
@@ -125,7 +156,7 @@ def categories(
     if hit >= reach:
         out["beyond_bound"] = t[0] - tokens(hit)
         return out
-    names = CATEGORIES[2:11]
+    names = CATEGORIES[2:-1]
     for name, upper, lower in zip(names, t[:-1], t[1:], strict=True):
         out[name] = upper - lower
     return out

@@ -12,7 +12,9 @@ replay already has, and changes nothing it observes:
   (`Shared.ended`, and `finished` when served);
 * `ServingModel.on_submit`: which scheduler request is which trace request;
 * the cache manager's evictor (`CacheManager.evictor`, the policy's): what
-  each eviction freed, and for which pool (`evicted`).
+  each eviction freed, and for which pool (`evicted`);
+* on a tiered run, the model's `TieredCache` (`tiers.TierWatch`): what the
+  lower tiers held and each lookup's load-or-recompute decision.
 
 The replay itself never pays for any of it: without an observer none of these
 hooks is set.
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from typing import Protocol
 
 from mambaradix.core.keys import common_prefix_len
 from mambaradix.core.node import TreeNode
@@ -31,22 +32,10 @@ from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import Request
 from mambaradix.replay.explain.attribute import NOTHING_SEEN, Seen
 from mambaradix.replay.explain.ideal import Prefixes, computable
+from mambaradix.replay.explain.tiers import NO_DECISION, Decision, TierWatch
 from mambaradix.replay.serving import ServingModel
 from mambaradix.scheduler import Sequence
 from mambaradix.scheduler.checkpoints import CheckpointPolicy
-
-
-class LowerTiers(Protocol):
-    """The seam for state tiers below the device (none exist in the tree yet).
-
-    When they do, the tier that holds an instance's demoted states answers this
-    at a request's admission, and `explain` counts the tokens up to that
-    position as `lower_tier` instead of `state_evicted` / `kv_evicted`."""
-
-    def deepest(self, instance: int, key: array[int]) -> int:
-        """The deepest position along `key` whose state (and KV) the instance
-        holds in a lower tier and could load, 0 if none."""
-        ...
 
 
 class Shared:
@@ -103,16 +92,11 @@ class Recorder:
     def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
         self.inner.on_cached(req, node, kind)
 
-    # The scheduler's optional hooks (vLLM's block pins): passed on when the policy has them.
     def before_match(self, req: Request) -> None:
-        hook = getattr(self.inner, "before_match", None)
-        if hook is not None:
-            hook(req)
+        self.inner.before_match(req)
 
     def on_abort(self, req: Request) -> None:
-        hook = getattr(self.inner, "on_abort", None)
-        if hook is not None:
-            hook(req)
+        self.inner.on_abort(req)
 
 
 def path_of(node: TreeNode) -> array[int]:
@@ -143,10 +127,10 @@ class Observer:
         shared: Shared,
         reach: list[int],
         previous: list[int],
-        tiers: LowerTiers | None = None,
     ) -> None:
         self.model, self.instance, self.shared = model, instance, shared
-        self.reach, self.previous, self.tiers = reach, previous, tiers
+        self.reach, self.previous = reach, previous
+        self.tiers = None if model.tiered is None else TierWatch(model.tiered)
         self.requests = model.trace.requests
         self.held = Prefixes()  # every path this tree ever ended at a state
         self.refused = Prefixes()  # every checkpoint its policy's admission refused
@@ -210,10 +194,11 @@ class Observer:
         read every level now, before anything else is cached or evicted."""
         i = self.index[req]
         hit, reach = req.cached_len, self.reach[i]
-        seen = NOTHING_SEEN if hit >= reach else self._levels(i, req, reach)
+        below = NO_DECISION if self.tiers is None else self.tiers.decision(req)
+        seen = NOTHING_SEEN if hit >= reach else self._levels(i, req, reach, below)
         self.seen[i] = (seen, hit)
 
-    def _levels(self, i: int, req: Request, reach: int) -> Seen:
+    def _levels(self, i: int, req: Request, reach: int, below: Decision) -> Seen:
         key = self.requests[i].input_units[:reach]
         held = self.held.tree.match_prefix(key, read_only=True)
         here = max(held.kv_hit_len, self.finished.common(key))
@@ -222,6 +207,7 @@ class Observer:
         if shared.held_anywhere is not None and shared.finished_anywhere is not None:
             elsewhere = max(shared.held_anywhere.common(key), shared.finished_anywhere.common(key))
         kv = min(req.kv_hit_len, reach)
+        ever_below, state_below = (0, 0) if self.tiers is None else self.tiers.below_levels(key)
         return Seen(
             session=self._session(i, key),
             ended=shared.ended.common(key),
@@ -230,7 +216,11 @@ class Observer:
             refused=self.refused.deepest_end(key),
             ever_state=held.prefix_len,
             kept_kv=self.held.deepest_end(key[:kv]),
-            lower_tier=self.tiers.deepest(self.instance, key) if self.tiers else 0,
+            ever_below=ever_below,
+            state_below=state_below,
+            lower_tier=below.deepest,
+            recompute=below.deepest if below.declined else 0,
+            failed=below.failed,
         )
 
     def _session(self, i: int, key: array[int]) -> int:

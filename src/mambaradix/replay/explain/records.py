@@ -25,6 +25,8 @@ class RequestGap:
     source: int | None  # an earlier request whose prompt + answer holds the bound's prefix
     instance: int | None  # the instance that served it (None: dropped)
     categories: dict[str, int]
+    host_hit_tokens: int = 0
+    store_hit_tokens: int = 0
 
     @property
     def gap_tokens(self) -> int:
@@ -58,6 +60,11 @@ class Explanation:
     "states", "both": one shared budget): `kv_tokens` and `states`. A state
     evicted from a leaf takes the leaf's KV with it, so KV freed for states is
     KV lost to the state pool's pressure."""
+    tiers: dict[str, int] | None = None
+    """On a tiered run (None otherwise), what the lower tiers did, over every
+    instance (`replay.tiered.TierStats`): `host_loads`, `store_loads`,
+    `loads_recomputed` (the rule chose to recompute), `loads_failed` (no device
+    memory for the load) and `dropped_bytes` (fell out of the last tier)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -98,11 +105,14 @@ class Explanation:
             "prompt_tokens": self.prompt_tokens,
             "bound_tokens": self.bound_tokens,
             "hit_tokens": self.hit_tokens,
+            "host_hit_tokens": sum(r.host_hit_tokens for r in self.requests),
+            "store_hit_tokens": sum(r.store_hit_tokens for r in self.requests),
             "gap_tokens": gap,
             "never_seen_tokens": self.prompt_tokens - self.bound_tokens,
             "categories": totals,
             "share_of_gap": {k: v / gap if gap else 0.0 for k, v in totals.items()},
             "evicted": self.evicted,
+            "tiers": self.tiers,
             "config": asdict(self.config),
         }
 

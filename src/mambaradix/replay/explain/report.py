@@ -58,6 +58,8 @@ def table(summary: dict[str, Any]) -> str:
             lines.append("  no gap: every request hit its bound")
         if r["evicted"] is not None:
             lines += _evicted(r["evicted"])
+        if r["tiers"] is not None:
+            lines.append(_tiers(r["tiers"]))
     return "\n".join(lines)
 
 
@@ -67,11 +69,24 @@ def _heading(r: dict[str, Any], fractions: bool) -> str:
         where += f" (states {r['state_fraction']:.0%})"
     if r["instances"] > 1:
         where += f" x{r['instances']} {r['router']}"
+    cfg = r["config"]
+    for tier in ("host", "store"):
+        if cfg[f"{tier}_gb"]:
+            where += f" + {tier} {cfg[f'{tier}_gb']:g} GB"
     prompt = max(1, r["prompt_tokens"])
     return (
-        f"{where} {r['policy']}: hit {r['hit_tokens'] / prompt:.1%} of prompt tokens; "
+        f"{where} {r['policy']}: hit {r['hit_tokens'] / prompt:.1%} of prompt tokens"
+        f"{_loaded(r, prompt)}; "
         f"gap to the bound {r['gap_tokens']:,} tokens ({r['gap_tokens'] / prompt:.1%})"
     )
+
+
+def _loaded(r: dict[str, Any], prompt: int) -> str:
+    """The hit's share loaded from the lower tiers, when any was."""
+    host, store = r["host_hit_tokens"], r["store_hit_tokens"]
+    if not host and not store:
+        return ""
+    return f" (loaded: {host / prompt:.1%} from host, {store / prompt:.1%} from store)"
 
 
 def _evicted(evicted: dict[str, dict[str, int]]) -> list[str]:
@@ -86,6 +101,15 @@ def _evicted(evicted: dict[str, dict[str, int]]) -> list[str]:
         elif why == "both" and (e["kv_tokens"] or e["states"]):
             out.append(f"  evicted for room in the shared budget: {kv}, {states}")
     return out
+
+
+def _tiers(t: dict[str, int]) -> str:
+    """What the lower tiers did."""
+    return (
+        f"  lower tiers: {t['host_loads']:,} loads from host, {t['store_loads']:,} from store; "
+        f"{t['loads_recomputed']:,} recomputed instead, {t['loads_failed']:,} failed (device "
+        f"memory); {t['dropped_bytes'] / 1e9:,.1f} GB fell out of the last tier"
+    )
 
 
 def write_lines(runs: Iterable[Explanation], out: IO[str]) -> None:

@@ -17,7 +17,7 @@ from mambaradix.replay.checks import (
 from mambaradix.replay.cluster import Cluster, ClusterSpec
 from mambaradix.replay.explain.attribute import categories, dropped
 from mambaradix.replay.explain.ideal import Ideal, ideal
-from mambaradix.replay.explain.observe import LowerTiers, Observer, Shared
+from mambaradix.replay.explain.observe import Observer, Shared
 from mambaradix.replay.explain.records import Explanation, RequestGap
 from mambaradix.replay.fit import check_memory
 from mambaradix.replay.models import ModelProfile
@@ -38,13 +38,14 @@ def explain(
     router: str | None = None,
     spec: ClusterSpec | None = None,
     structure: Ideal | None = None,
-    tiers: LowerTiers | None = None,
 ) -> Explanation:
     """Replay `trace` through `policy` at `cfg` (as `replay()` does; with
     `router` and `spec`, over `spec.instances` instances as `cluster_replay()`
     does) and explain every request's gap to the bound (`attribute`).
-    `structure`: the trace's `ideal(trace)`, if already computed. `tiers`: the
-    lower-tier seam (`observe.LowerTiers`; none exist yet).
+    `structure`: the trace's `ideal(trace)`, if already computed. With lower
+    tiers (`cfg.host_gb`, `cfg.store_gb`) their loads are hits, and what they
+    held but did not serve is `tier_dropped`, `tier_kv_dropped`, `recompute_chosen`
+    or `load_failed` (`attribute`).
 
     Checks what `replay()` checks (TypeError / ValueError naming the
     parameter, before any work); `marconi-oracle` is explained on its best run."""
@@ -62,8 +63,8 @@ def explain(
     elif len(structure.bound) != len(trace):
         raise ValueError(f"structure: {len(structure.bound)} requests for a trace of {len(trace)}")
     if policy != ORACLE:
-        return _explain(trace, profile, policy, cfg, structure, router, spec, tiers)
-    runs = [_explain(trace, profile, n, cfg, structure, None, None, tiers) for n in oracle_runs()]
+        return _explain(trace, profile, policy, cfg, structure, router, spec)
+    runs = [_explain(trace, profile, n, cfg, structure, None, None) for n in oracle_runs()]
     best = max(runs, key=lambda e: e.hit_tokens)  # the first of the grid among equals
     return replace(best, policy=ORACLE)
 
@@ -76,7 +77,6 @@ def _explain(
     structure: Ideal,
     router: str | None,
     spec: ClusterSpec | None,
-    tiers: LowerTiers | None,
 ) -> Explanation:
     if spec is None or router is None:
         model = ServingModel(trace, profile, make_policy(policy), cfg)
@@ -91,7 +91,7 @@ def _explain(
     reach = [c - c % page for c in structure.computable]
     shared = Shared(len(trace), len(models))
     previous = previous_turns(trace)
-    observers = [Observer(m, k, shared, reach, previous, tiers) for k, m in enumerate(models)]
+    observers = [Observer(m, k, shared, reach, previous) for k, m in enumerate(models)]
     run()
     alphas = [m.policy.alpha for m in models if isinstance(m.policy, Marconi)]
     return Explanation(
@@ -102,7 +102,22 @@ def _explain(
         len(models),
         alphas[0] if len(alphas) == 1 else None,
         evicted(observers, trace.unit_tokens),
+        tier_stats(models),
     )
+
+
+def tier_stats(models: Sequence[ServingModel]) -> dict[str, int] | None:
+    """The lower tiers' counts, summed over the instances (None: no tier)."""
+    stats = [m.tiered.tiers.stats for m in models if m.tiered is not None]
+    if not stats:
+        return None
+    return {
+        "host_loads": sum(s.loads["host"] for s in stats),
+        "store_loads": sum(s.loads["store"] for s in stats),
+        "loads_recomputed": sum(s.recomputed for s in stats),
+        "loads_failed": sum(s.failed for s in stats),
+        "dropped_bytes": sum(s.dropped_bytes for s in stats),
+    }
 
 
 def evicted(observers: Sequence[Observer], unit: int) -> dict[str, dict[str, int]]:
@@ -131,14 +146,10 @@ def gaps(
             cats = categories(
                 structure.bound[i], reach[i], hit, seen, partial(units.hit_tokens, tr)
             )
-            out[i] = _record(
-                i,
-                structure,
-                units.hit_tokens(tr, structure.bound[i]),
-                o.hit_tokens,
-                obs.instance,
-                cats,
-                obs,
+            bound = units.hit_tokens(tr, structure.bound[i])
+            record = _record(i, structure, bound, o.hit_tokens, obs.instance, cats, obs)
+            out[i] = replace(
+                record, host_hit_tokens=o.host_hit_tokens, store_hit_tokens=o.store_hit_tokens
             )
         for tr in obs.model.dropped:
             i = index[id(tr)]

@@ -21,6 +21,9 @@ tree and the same scheduler.
                          (each alpha a full run; `mambaradix.replay.run`)
     mambaradix           ours: one value model, expected FLOPs saved per byte
                          held, for admission and eviction
+    sglang-hicache       sglang with HiCache's tier rules (`replay.tier_rules`)
+    sglang-hicache-auto  the same, host state pool by SGLang's proposed `auto` rule
+    vllm-offload         vllm with its native CPU offload's tier rules
 
 Every constant lives in `constants`.
 """
@@ -45,9 +48,11 @@ from mambaradix.replay.policies.sglang import (
     SGLang0515,
     SGLang0515ExtraBuffer,
     SGLangExtraBuffer,
+    SGLangHiCache,
+    SGLangHiCacheAuto,
     sglang_policy,
 )
-from mambaradix.replay.policies.vllm import VLLM, parse_retention
+from mambaradix.replay.policies.vllm import VLLM, VLLMOffload, parse_retention
 from mambaradix.replay.policies.vllm_020 import VLLM020All
 from mambaradix.scheduler import CHUNK, DECODED, FINISH, PROMPT_END, STOP
 
@@ -64,6 +69,9 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "marconi": Marconi,
     ORACLE: Marconi,  # run once per alpha of its grid by the replay
     "mambaradix": MambaRadix,
+    "sglang-hicache": SGLangHiCache,
+    "sglang-hicache-auto": SGLangHiCacheAuto,
+    "vllm-offload": VLLMOffload,
 }
 
 
@@ -71,9 +79,13 @@ SINGLE_RUN = [p for p in POLICIES if p != ORACLE]
 """The policies that cost one run per point (all but `marconi-oracle`)."""
 
 OLDER_RELEASES = ("sglang-0.5.15.post1", "sglang-0.5.15.post1-extra-buffer")
+
+TIER_ROWS = ("sglang-hicache", "sglang-hicache-auto", "vllm-offload")
+"""Peers' tiered setups: run by default only with a lower tier (`--host-gb`, `--store-gb`);
+without one each is its device row (`sglang`, `vllm`)."""
 """Rows of releases users no longer run: selectable by name, not run by default."""
 
-DEFAULT_RUN = [p for p in SINGLE_RUN if p not in OLDER_RELEASES]
+DEFAULT_RUN = [p for p in SINGLE_RUN if p not in OLDER_RELEASES and p not in TIER_ROWS]
 """What the replay runs when no policy is named (`--policy`)."""
 
 FIXED_ALPHA = "marconi@"
@@ -170,7 +182,11 @@ __all__ = [
     "SGLang0515",
     "SGLang0515ExtraBuffer",
     "SGLangExtraBuffer",
+    "SGLangHiCache",
+    "SGLangHiCacheAuto",
+    "TIER_ROWS",
     "VLLM",
+    "VLLMOffload",
     "VLLM020All",
     "VLLM_RETENTION",
     "evict_in_order",

@@ -23,6 +23,7 @@ from mambaradix.core.results import EvictResult
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager, Request
 from mambaradix.lifecycle.manager import RowTable
+from mambaradix.replay.tier_rules import OURS, TierRules
 from mambaradix.scheduler import PROMPT_END, DefaultCheckpoints
 
 if TYPE_CHECKING:
@@ -154,6 +155,9 @@ class Policy:
     def on_request_done(self) -> None:
         """Called once per finished request (for tuning)."""
 
+    def before_match(self, req: Request) -> None:
+        """Called before a waiting request is looked up."""
+
     def on_abort(self, req: Request) -> None:
         """Called before an admitted request gives everything back unfinished
         (retracted or dropped)."""
@@ -174,6 +178,11 @@ class Policy:
 
     def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
         return tree.evict(kv_tokens=kv_units, states=states)
+
+    def tier_rules(self, profile: ModelProfile) -> TierRules:
+        """How this row runs the lower tiers, when a run has them (`replay.tier_rules`):
+        ours unless the row models a peer's tiered setup."""
+        return OURS
 
 
 class DefaultPolicy(Policy):

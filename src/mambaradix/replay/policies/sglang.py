@@ -14,8 +14,14 @@ changed between the two.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_0_5_23
 from mambaradix.replay.policies.base import Policy
+from mambaradix.replay.tier_rules import SGLANG_HICACHE, SGLANG_HICACHE_AUTO, TierRules
+
+if TYPE_CHECKING:
+    from mambaradix.replay.models import ModelProfile
 
 
 class SGLang(Policy):
@@ -60,6 +66,30 @@ class SGLang0515ExtraBuffer(SGLang0515):
 
     name = "sglang-0.5.15.post1-extra-buffer"
     strategy = "extra_buffer"
+
+
+class SGLangHiCache(SGLang):
+    """SGLang 0.5.23 with HiCache for Mamba (`--enable-hierarchical-cache`): the
+    `sglang` row's checkpoints (one per prefill chunk and per finished request) on the
+    device, and with `--host-gb` / `--store-gb` HiCache's tier rules
+    (`replay.tier_rules.SGLANG_HICACHE`): the host split into a KV pool and a state pool
+    in proportion to the device pools' bytes (sglang #32915), every evicted state
+    demoted, the deepest hit loaded. Without tiers it is the `sglang` row."""
+
+    name = "sglang-hicache"
+
+    def tier_rules(self, profile: ModelProfile) -> TierRules:
+        return SGLANG_HICACHE
+
+
+class SGLangHiCacheAuto(SGLangHiCache):
+    """`sglang-hicache` with the host state pool sized by SGLang's proposed `auto` rule
+    (sglang #39436, `tier_rules.auto_kv_share`) instead of in proportion to the device."""
+
+    name = "sglang-hicache-auto"
+
+    def tier_rules(self, profile: ModelProfile) -> TierRules:
+        return SGLANG_HICACHE_AUTO
 
 
 _BY_RELEASE: dict[tuple[str, bool], type[SGLang]] = {

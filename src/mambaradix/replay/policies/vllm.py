@@ -34,6 +34,7 @@ and vLLM's books for the running requests. Departures: docs/vllm-baseline.md.
 from __future__ import annotations
 
 from array import array
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from mambaradix.core.node import TreeNode
@@ -48,6 +49,7 @@ from mambaradix.replay.policies.vllm_split import (
     prefill_steps,
     step_checkpoint,
 )
+from mambaradix.replay.tier_rules import VLLM_OFFLOAD, TierRules
 from mambaradix.replay.vllm_pool import BlockPool, PoolKV, PoolSlots
 from mambaradix.scheduler import DECODED, PROMPT_END
 
@@ -294,7 +296,34 @@ class VLLM(Policy):
         """Kept states the tree already held (vLLM would hold two copies)."""
         return self.blocks.duplicate_states
 
+    def adopt_loaded(
+        self, tokens: array[int], start: int, kv: array[int], freed: set[int], slot: int | None
+    ) -> None:
+        """Blocks a lower-tier load put in the tree from unit `start` on (`kv`, less the
+        indices the tree had already, `freed`) join vLLM's books as cached blocks."""
+        b = self.block
+        pages = [int(kv[i]) // b for i in range(0, len(kv), b) if int(kv[i]) not in freed]
+        first = start // b + (len(kv) // b - len(pages))
+        self.blocks.adopt(tokens, pages, first, slot)
+
     def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
         """The lifecycle found too little memory: the pool already popped every cached
         block it could (allocations pop as they go), so there is nothing to evict."""
         return EvictResult(0, 0, array("q"), [])
+
+
+class VLLMOffload(VLLM):
+    """vLLM 0.33.0 with its native CPU offload (the OffloadingConnector): the `vllm`
+    row on the device, and with `--host-gb` / `--store-gb` the offload's rules
+    (`replay.tier_rules.VLLM_OFFLOAD`): per-group keys (`OffloadKey(block_hash,
+    group_idx)`: a state is one entry per Mamba group, a hit needs them all), boundary
+    (prompt) states only, no decode-phase state (vllm #56972), the deepest hit loaded.
+    Without tiers it is the `vllm` row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "vllm-offload"
+
+    def tier_rules(self, profile: ModelProfile) -> TierRules:
+        groups = self.slots.groups if self.slots is not None else 1
+        return replace(VLLM_OFFLOAD, state_groups=groups)

@@ -209,6 +209,25 @@ class BlockTables:
             run.hashes.append(h)
             self._hash(run.pages[j], h)
 
+    def adopt(self, tokens: array[int], pages: list[int], first: int, slot: int | None) -> None:
+        """A load from a lower tier (`replay.tiered`) put blocks `first..` of `tokens` on
+        `pages` in the tree, and its state on `slot` (None: the tree had it): they are
+        cached blocks now (queued, hashed, the tree's copies), as vLLM's connector
+        leaves a loaded block."""
+        h = 0
+        for j in range(first + len(pages)):
+            h = chain_hash(h, tokens, j, self.block)
+            if j >= first:
+                page = pages[j - first]
+                self.kv.claim(page)
+                self._hash(page, h)
+                self.tree_copy[h] = page
+                self.tree_copy_hash[page] = h
+                self.pool.cache(("kv", page))
+        if slot is not None:
+            for key in self.slots.keys(slot):
+                self.pool.cache(key)
+
     def _hash(self, page: int, h: int) -> None:
         self.page_hash[page] = h
         self.hash_pages.setdefault(h, {})[page] = None
