@@ -64,6 +64,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "mambaradix/without-free-pass": {"free_pass": False},
     "mambaradix/without-sampling": {"sample": 0},
     "mambaradix/without-shared-budget": {"shared_budget": False},
+    "mambaradix/without-room": {"room": False},
 }
 """Each ablation row of the evaluation: our policy without one constant or rule."""
 
@@ -79,11 +80,12 @@ class Settings:
     free_pass: bool = True  # split pools: a free state slot admits without comparing
     sample: int = C.RANK_SAMPLE  # rank a sample of this many (0: every evictable state)
     shared_budget: bool = True  # KV and states on one byte budget; else split pools
+    room: bool = True  # one budget: evict states to admit a request that would be dropped
 
     def __post_init__(self) -> None:
         as_finite_nonnegative(self.prior, "prior")
         names = ("classes", "ages", "sizes", "admission", "prompt_ends", "free_pass")
-        for name in (*names, "shared_budget"):
+        for name in (*names, "shared_budget", "room"):
             as_bool(getattr(self, name), name)
         as_int_nonnegative(self.sample, "sample")
 
@@ -130,6 +132,40 @@ class MambaRadix(Policy):
         else:
             return False  # the prompt end is taken at input - 1, decoding adds none
         return self._admit(req, label)
+
+    def before_match(self, req: Request) -> None:
+        """One byte budget, nothing in flight: make room for `req` in states.
+
+        The admission test counts free and evictable KV only (SGLang's), so a
+        request that fits alone beside cached KV but not beside the cached
+        states' bytes would be dropped, a loss of its whole prompt that no
+        state is worth. Evict states, lowest value first (never the one it
+        hits), until its extend, a page and its own state fit; nothing if even
+        all of them would not make it fit."""
+        ctx = self.ctx
+        if not (ctx.shared_memory and self.settings.room) or ctx.cache is None:
+            return
+        tree, kv = self.tree, ctx.cache.kv
+        if tree.full_protected_size():
+            return  # requests in flight: one that does not fit now waits for them
+        m = tree.match_prefix(req.tokens[: req.total_len - 1], req.extra_key, read_only=True)
+        kvb, sb = ctx.kv_unit_bytes, ctx.state_bytes
+        page = ctx.cache.page_size
+        need = req.total_len - m.prefix_len + page + 1 + -(-sb // kvb)  # strictly below
+        room = kv.available_size() + tree.full_evictable_size() - m.prefix_len
+        short = (need - room) * kvb  # bytes
+        if short <= 0:
+            return
+        hit = m.node if m.prefix_len else None
+        self.items.settle()
+        others = [n for n in self.items.nodes if n is not hit and self._evictable(n, "shared")]
+        if len(others) * sb < short:
+            return  # it does not fit even without them: keep them
+        freed = self.items.evict(
+            lambda: [n for n in self._ranked("shared") if n is not hit],
+            lambda k, s: s * sb >= short,
+        )
+        ctx.cache.release(freed)
 
     def insert_at_finish(self, req: Request) -> bool:
         self.planned.pop(id(req), None)
