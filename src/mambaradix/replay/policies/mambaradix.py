@@ -32,6 +32,13 @@ bytes, and no fixed share of memory sits idle for states while KV is short
 (or the reverse). Ablation `mambaradix/without-shared-budget`: the split
 pools (`ServingConfig.state_fraction`) the SGLang rows run on.
 
+Room: the admission test (SGLang's) counts free and evictable KV only, so on one
+budget the cached states' bytes can keep out a request that fits alone, which
+is then dropped (nothing in flight will free memory for it). No state is worth
+a whole request: before such a request is matched, states go (lowest value
+first, never the one it hits) until it fits (`before_match`). Ablation
+`mambaradix/without-room`.
+
 Every constant is in `constants`, each with an ablation (`ABLATIONS`).
 """
 
