@@ -67,4 +67,4 @@ RANK_SEED = 0
 #   free pass    with split pools a free state slot admits without comparing
 #                (mambaradix/without-free-pass: always compare)
 #   room         one budget, nothing in flight: states go to admit a request that
-#                would be dropped (mambaradix/without-room)
+#                hits a state and would be dropped (mambaradix/without-room)

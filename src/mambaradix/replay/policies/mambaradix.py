@@ -34,9 +34,9 @@ pools (`ServingConfig.state_fraction`) the SGLang rows run on.
 
 Room: the admission test (SGLang's) counts free and evictable KV only, so on one
 budget the cached states' bytes can keep out a request that fits alone, which
-is then dropped (nothing in flight will free memory for it). No state is worth
-a whole request: before such a request is matched, states go (lowest value
-first, never the one it hits) until it fits (`before_match`). Ablation
+is then dropped (nothing in flight will free memory for it). When it hits a
+state, before it is matched other states go (lowest value first) until it fits
+(`before_match`): dropped, it would lose its hit. Ablation
 `mambaradix/without-room`.
 
 Every constant is in `constants`, each with an ablation (`ABLATIONS`).
@@ -145,10 +145,11 @@ class MambaRadix(Policy):
 
         The admission test counts free and evictable KV only (SGLang's), so a
         request that fits alone beside cached KV but not beside the cached
-        states' bytes would be dropped, a loss of its whole prompt that no
-        state is worth. Evict states, lowest value first (never the one it
-        hits), until its extend, a page and its own state fit; nothing if even
-        all of them would not make it fit."""
+        states' bytes would be dropped. One that hits a state loses that hit
+        (and drops although the hit shrinks what it needs): evict other states,
+        lowest value first, until its extend, a page and its state copy fit;
+        nothing if even all of them would not make it fit. One that hits
+        nothing loses no hit by being dropped, and evicting for it costs hits."""
         ctx = self.ctx
         if not (ctx.shared_memory and self.settings.room) or ctx.cache is None:
             return
@@ -156,20 +157,21 @@ class MambaRadix(Policy):
         if tree.full_protected_size():
             return  # requests in flight: one that does not fit now waits for them
         m = tree.match_prefix(req.tokens[: req.total_len - 1], req.extra_key, read_only=True)
+        if not m.prefix_len:
+            return
         kvb, sb = ctx.kv_unit_bytes, ctx.state_bytes
-        page = ctx.cache.page_size
-        need = req.total_len - m.prefix_len + page + 1 + -(-sb // kvb)  # strictly below
+        copy = -(-sb // kvb)  # the hit's state copy is staged before the admission test
+        need = req.total_len - m.prefix_len + ctx.cache.page_size + 1 + copy  # strictly below
         room = kv.available_size() + tree.full_evictable_size() - m.prefix_len
         short = (need - room) * kvb  # bytes
         if short <= 0:
             return
-        hit = m.node if m.prefix_len else None
         self.items.settle()
-        others = [n for n in self.items.nodes if n is not hit and self._evictable(n, "shared")]
+        others = [n for n in self.items.nodes if n is not m.node and self._evictable(n, "shared")]
         if len(others) * sb < short:
             return  # it does not fit even without them: keep them
         freed = self.items.evict(
-            lambda: [n for n in self._ranked("shared") if n is not hit],
+            lambda: [n for n in self._ranked("shared") if n is not m.node],
             lambda k, s: s * sb >= short,
         )
         ctx.cache.release(freed)
