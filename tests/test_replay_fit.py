@@ -141,8 +141,12 @@ def test_never_fit_is_what_the_serving_model_drops(page: int, gb: float) -> None
             continue
         model = ServingModel(tr, prof, make_policy(policy), cfg)
         model.run()
-        predicted = fit(tr, prof, cfg, TRACK_SLOTS[strategy], state_bytes, shared).never_fit
-        assert 0 < len(predicted) < len(tr) or gb == 0.5
+        fitted = fit(tr, prof, cfg, TRACK_SLOTS[strategy], state_bytes, shared)
+        predicted = fitted.never_fit
+        assert len(predicted) < len(tr)
+        # some request never fits, but at 0.5 GB, and on ours' one budget from the memory
+        # that serves the largest request alone (0.3 GB here: nothing kept for states idle)
+        assert predicted or gb == 0.5 or (shared and fitted.gb_for_largest <= gb), policy
         if shared:  # one byte budget, as in the sequential discipline: never-fit is dropped
             assert set(predicted) <= set(dropped_indices(model)), policy
             assert model.outcomes, policy
