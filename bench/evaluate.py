@@ -203,13 +203,16 @@ oracle's first run, shown as the ablation of Marconi's tuner."""
 def runs_of(row: str, discipline: str, memory: float) -> list[str]:
     """The runs a row's cell is made of. An ablation that cannot change a
     decision at this point is the policy itself (not run twice): the free
-    pass exists only with split pools, and sampling only with more than
-    RANK_SAMPLE states."""
+    pass exists only with split pools (ours runs on one byte budget: only its
+    without-shared-budget row has them, and it keeps the pass), sampling only
+    with more than RANK_SAMPLE states."""
     if row == ORACLE:
         return list(oracle_runs())
     if row == NO_TUNING:
         return ["marconi@0"]
-    if row == "mambaradix/without-free-pass" and discipline == "sequential":
+    if row == "mambaradix/without-free-pass":  # ours runs on one budget everywhere
+        return [OURS]
+    if row == "mambaradix/without-shared-budget" and discipline == "sequential":
         return [OURS]
     if row == "mambaradix/without-sampling" and state_slots(discipline, memory) <= RANK_SAMPLE:
         return [OURS]
@@ -217,10 +220,10 @@ def runs_of(row: str, discipline: str, memory: float) -> list[str]:
 
 
 def state_slots(discipline: str, memory: float) -> int:
-    """The most states the pools hold (split pools: the state pool; one
-    shared budget: all of it in states)."""
-    model, sequential = DISCIPLINES[discipline]
-    share = 1.0 if sequential else ServingConfig(memory_gb=memory).state_fraction
+    """The most states our policy's memory holds (one byte budget, as ours runs:
+    all of it in states)."""
+    model, _ = DISCIPLINES[discipline]
+    share = 1.0
     return int(memory * 1e9 * share) // get_profile(model).state_bytes
 
 

@@ -216,3 +216,40 @@ def test_admission_compares_with_the_state_it_would_displace() -> None:
     free_pol, _ = attached(free=1)  # a free slot in split pools: no comparison
     free_pol.planned[id(req)] = {5: "branch"}
     assert free_pol.cache_at(req, STOP) is True
+
+
+def test_one_budget_evicts_states_to_admit_a_request_that_would_be_dropped() -> None:
+    """Sequential, TINY (1,000 B of KV per token, a 20,000 B state = 20 tokens' worth),
+    210,000 B: room for 210 tokens. r0 = A (100 tokens) + 1 output: ours keeps A's KV
+    (100 tokens), a state at its prompt end (99) and one at the finished sequence (100):
+    140 used, 70 free. r1 = A[:99] + 60 new tokens + 1 output hits the state at 99. Its
+    state copy takes 20 (50 free) and its match locks A[:99], leaving 1 evictable KV
+    token; the admission test needs 60 + 1 output + 1 page = 62 strictly below 50 + 1:
+    without the rule r1 is dropped. With it, before the match: need 60 + 1 + 1 + 20 = 82
+    against 70 + 100 - 99 = 71 of room, 11 short, so the one state it does not hit (the
+    leaf at 100: 20 + 1) goes; 91 free, 71 after the copy, and r1 is served with 99
+    tokens hit. (The old rule, room for every request, also evicted for requests that hit
+    nothing: on the tuning material's shared documents with a Qwen3-Next state it cost
+    hits, 17.7% -> 16.8% at 0.75 GB.)"""
+    from mambaradix.replay.run import replay
+    from mambaradix.replay.serving import ServingConfig
+    from mambaradix.replay.trace import Trace, TraceRequest
+    from profiles import TINY
+
+    a, new = list(range(1000, 1100)), list(range(5000, 5060))
+
+    def req(session: int, ts: float, units: list[int], out: int) -> TraceRequest:
+        return TraceRequest(session, 0, ts, array("q", units), array("q", [out]), len(units), 1)
+
+    trace = Trace("room", [req(0, 0.0, a, 7), req(1, 10.0, a[:99] + new, 8)], 1)
+    cfg = ServingConfig(memory_gb=0.00021, sequential=True)
+    names = ("mambaradix", "mambaradix/without-room")
+    rows = {p: replay(trace, TINY, p, cfg, per_request=True) for p in names}
+    assert (rows["mambaradix"]["request_hits"], rows["mambaradix"]["dropped"]) == ([0, 99], 0)
+    without = rows["mambaradix/without-room"]
+    assert (without["request_hits"], without["dropped"]) == ([0, 0], 1)
+    # r1 = 168 tokens that hit nothing: 168 + 1 + 1 = 170 is not below 70 free + 100
+    # evictable. Dropped, it loses no hit: the rule keeps the states, and it is dropped.
+    other = Trace("none", [trace.requests[0], req(1, 10.0, list(range(5000, 5168)), 8)], 1)
+    for p in names:
+        assert replay(other, TINY, p, cfg, per_request=True)["dropped"] == 1

@@ -20,7 +20,7 @@ from mambaradix.replay.models import load_profile
 from mambaradix.replay.plan import Goal, plan
 from mambaradix.replay.plan.frontier import pareto
 from mambaradix.replay.plan.search import geometric
-from mambaradix.replay.plan.space import footprint
+from mambaradix.replay.plan.space import Setting, footprint, least_gb, settings
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.tier_rules import auto_kv_share
@@ -32,6 +32,9 @@ from mambaradix.replay.workloads.synthetic import multi_turn
 PROFILE = load_profile("nemotron-h-8b")
 BASE = ServingConfig(memory_gb=1.0)
 TARGET = 0.6  # between the hit rate at the least memory (~0.46) and the top (~0.84)
+# ours on split pools: the tests of the state-share axis (ours draws on one byte budget,
+# where no share applies: `test_one_budget_policies_take_one_setting`)
+SPLIT = "mambaradix/without-shared-budget"
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +165,25 @@ def _req(ts: float, units: list[int]) -> TraceRequest:
     return TraceRequest(int(ts), 0, ts, array("q", units), array("q", [99]), len(units), 1)
 
 
+def test_one_budget_policies_take_one_setting() -> None:
+    """Ours draws KV and states on one byte budget: no state share applies, so it gets
+    one setting, as vLLM's own pool does; SGLang's split pools one per share. The least
+    memory by hand (Nemotron-H: 16,384 B of KV per token, 102,137,856 B per state), one
+    request of 20,000 tokens and 1 more, page 1, no_buffer: 20,003 KV units (20,000 +
+    1 + the page, strictly below: + 1) and 2 states (its running state and a reused
+    one). One budget: 327,729,152 + 204,275,712 = 532,004,864 B -> 0.54 GB. Split at
+    half: the larger half, KV's, 2 x 327,729,152 = 655,458,304 B -> 0.66 GB."""
+    assert settings(["mambaradix", "sglang", "vllm"], [0.3, 0.5], False) == [
+        Setting("mambaradix", None),
+        Setting("sglang", 0.3),
+        Setting("sglang", 0.5),
+        Setting("vllm", None),
+    ]
+    trace = Trace("one", [_req(0, list(range(20_000)))], 1)
+    assert least_gb(trace, PROFILE, BASE, Setting("mambaradix", None)) == 0.54
+    assert least_gb(trace, PROFILE, BASE, Setting(SPLIT, 0.5)) == 0.66
+
+
 def test_footprint_by_hand() -> None:
     # r1 reuses [1, 2, 3] of r0; r2 reuses [1, 2]; r3 reuses nothing: 3 KV units (1, 2, 3),
     # two positions where a state is needed (after 2 and after 3)
@@ -240,7 +262,13 @@ def test_cli_json_to_stdout_budget(
     best = data["recommended"]
     within = [r for r in data["points"] if r["memory_gb"] <= 2 and not r["dropped"]]
     assert best["token_hit_rate"] == max(r["token_hit_rate"] for r in within)
-    assert max(r["memory_gb"] for r in data["points"]) == 2
+    # ours on one budget: the range ends at the bound's footprint, KV and states together
+    # (Nemotron-H: 16,384 B of KV per token, 102,137,856 B per state), below the budget
+    (r,), fp = data["ranges"], data["footprint"]
+    one_budget = fp["kv_units"] * 16_384 + fp["positions"] * 102_137_856
+    assert r["state_fraction"] is None
+    assert r["top_gb"] == math.ceil(one_budget / 1e7) / 100 + r["least_gb"]
+    assert max(p["memory_gb"] for p in data["points"]) == r["top_gb"] < 2
 
 
 def test_unmet_target_exits_1_and_still_writes(
@@ -273,7 +301,7 @@ def tiny() -> Trace:
 def host_planned(tiny: Trace) -> dict[str, Any]:
     """Two device memories x two host memories, one setting: 4 replays + 3 peers' rows
     (about 2 s)."""
-    return plan(tiny, PROFILE, Goal(hit_rate=TARGET), BASE, policies=["mambaradix"],
+    return plan(tiny, PROFILE, Goal(hit_rate=TARGET), BASE, policies=[SPLIT],
                 state_fractions=[0.5], memories=[0.5, 2.0], resolution=10, workers=1,
                 host_gbs=HOSTS, host_cost=0.05)  # fmt: skip
 
@@ -292,10 +320,10 @@ def test_host_recommendation_meets_target_replayed_alone(
     best = host_planned["recommended"]
     assert best["host_gb"] == 2.0 and best["memory_gb"] == 0.5  # the host tier is cheaper
     cfg = ServingConfig(0.5, state_fraction=0.5, host_gb=2.0)  # an independent call
-    alone = replay(tiny, PROFILE, "mambaradix", cfg)
+    alone = replay(tiny, PROFILE, SPLIT, cfg)
     assert alone["dropped"] == 0 and alone["token_hit_rate"] >= TARGET
     # without the host the same device memory misses; with none, 2 GB is needed: cost 2 > 0.6
-    bare = replay(tiny, PROFILE, "mambaradix", ServingConfig(0.5, state_fraction=0.5))
+    bare = replay(tiny, PROFILE, SPLIT, ServingConfig(0.5, state_fraction=0.5))
     assert bare["token_hit_rate"] < TARGET
     # the peers' tiered rows ran at the same device and host memory
     defaults = host_planned["defaults"]
@@ -349,7 +377,7 @@ def test_host_axis_at_zero_is_the_device_only_plan(tiny: Trace) -> None:
     recommendation is the hand-checked one of `test_recommended_meets_target_on_given_
     memories`: 2.0 GB), every cost its device memory, the device-only defaults."""
     args = (tiny, PROFILE, Goal(hit_rate=TARGET), BASE)
-    kw: dict[str, Any] = {"policies": ["mambaradix"], "state_fractions": [0.5],
+    kw: dict[str, Any] = {"policies": [SPLIT], "state_fractions": [0.5],
                           "memories": [0.5, 2.0], "resolution": 10, "workers": 1}  # fmt: skip
     plain, zero = plan(*args, **kw), plan(*args, **kw, host_gbs=[0.0], host_cost=7.0)
 

@@ -30,6 +30,7 @@ ROWS = readme.command_rows()
 SLOW = (
     "engine",
     "bench/bench_",
+    "bench/tuning_pairs",
     "replay_table",
     "evaluate.py",
     "--sequential",

@@ -557,7 +557,12 @@ def warn_dropped(
     data: dict[str, Any], trace: Trace, profile: ModelProfile, base: ServingConfig
 ) -> None:
     """One stderr line per memory point at which requests were dropped."""
-    from mambaradix.replay.checks import policy_own_memory, policy_state_bytes, policy_strategy
+    from mambaradix.replay.checks import (
+        policy_own_memory,
+        policy_shared_budget,
+        policy_state_bytes,
+        policy_strategy,
+    )
     from mambaradix.replay.fit import TRACK_SLOTS, fit, policy_fit
 
     groups: dict[tuple[float, float, int], list[str]] = {}
@@ -571,10 +576,11 @@ def warn_dropped(
         own = [p for p in policies if policy_own_memory(p)]  # vLLM's block pool
         pooled = [p for p in policies if p not in own]
         gbs = [policy_fit(trace, profile, cfg, p).gb_for_largest for p in own]
-        if pooled:
-            track = max(TRACK_SLOTS[policy_strategy(p)] for p in pooled)
-            state = max(policy_state_bytes(p, profile) for p in pooled)
-            gbs.append(fit(trace, profile, cfg, track, state).gb_for_largest)
+        for p in pooled:  # each on its own layout: split pools or ours' one budget
+            track, state = TRACK_SLOTS[policy_strategy(p)], policy_state_bytes(p, profile)
+            gbs.append(
+                fit(trace, profile, cfg, track, state, policy_shared_budget(p)).gb_for_largest
+            )
         gb = max(gbs)
         why = f"serving every request needs about {gb:g} GB"
         if gb <= mem and base.sequential:

@@ -178,6 +178,11 @@ class CacheManager:
         self.evictions["kv_tokens"] += len(result.freed_kv)
         self.evictions["states"] += len(result.freed_states)
 
+    def release(self, result: EvictResult) -> None:
+        """Return to the pools what a policy evicted itself, outside an allocation
+        (`evictor` results are returned here already)."""
+        self._release(result)
+
     def evict_kv_for(self, n: int) -> None:
         """Make room for n KV tokens: SGLang 0.5.15.post1 evicts n whenever
         fewer are free (evict_from_tree_cache); 0.5.23 and ours the shortfall."""

@@ -84,6 +84,12 @@ def policy_state_bytes(policy: str, profile: ModelProfile) -> int:
     return _instance(policy).state_bytes(profile)
 
 
+def policy_shared_budget(policy: str) -> bool:
+    """Whether a known policy draws KV and states on one byte budget in every
+    discipline (`Policy.shared_budget`: ours)."""
+    return bool(_instance(policy).shared_budget)
+
+
 def policy_own_memory(policy: str) -> bool:
     """Whether a known policy's upstream lays out its own memory (vLLM's one block pool,
     `Policy.build_memory`) rather than the replay's pools."""

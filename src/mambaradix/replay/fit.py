@@ -71,17 +71,22 @@ def held_units(r: TraceRequest) -> int:
 
 
 def pools_for(
-    profile: ModelProfile, unit_tokens: int, cfg: ServingConfig, state_bytes: int | None = None
+    profile: ModelProfile,
+    unit_tokens: int,
+    cfg: ServingConfig,
+    state_bytes: int | None = None,
+    shared: bool = False,
 ) -> Pools:
     """The pool sizes `ServingModel` builds for this profile and configuration,
     for a policy whose state slot costs `state_bytes` (default: the profile's;
-    `Policy.state_bytes`)."""
+    `Policy.state_bytes`) and that runs on one byte budget if `shared`
+    (`Policy.shared_budget`; the sequential discipline always does)."""
     page = page_units(cfg.page_size, unit_tokens)
     budget = int(cfg.memory_gb * 1e9)
     kvb, sb = profile.kv_bytes_per_token * unit_tokens, state_bytes or profile.state_bytes
     if cfg.kv_units is not None and cfg.state_slots is not None:
         return Pools(cfg.kv_units, cfg.state_slots, budget, False, page, kvb, sb)
-    if cfg.sequential:
+    if cfg.sequential or shared:
         return Pools(*shared_sizes(budget, kvb, sb), budget, True, page, kvb, sb)
     kv, slots = split_sizes(budget, cfg.state_fraction, kvb, sb, page)
     return Pools(kv, slots, budget, False, page, kvb, sb)
@@ -113,23 +118,24 @@ def gb_needed(
     r: TraceRequest,
     track: int,
     state_bytes: int | None = None,
+    shared: bool = False,
 ) -> float:
     """The least memory (GB, in steps of 0.01) that serves `r` alone, at
     `cfg`'s state fraction or shared budget, with the states a request that
     reuses one holds (`track` slots: 0 no_buffer, 2 extra_buffer); `math.inf`
     when that is beyond any float."""
     cfg = replace(cfg, kv_units=None, state_slots=None)  # sized by memory, not exact
-    p = pools_for(profile, unit_tokens, replace(cfg, memory_gb=1.0), state_bytes)
+    p = pools_for(profile, unit_tokens, replace(cfg, memory_gb=1.0), state_bytes, shared)
     kv = _kv_units_needed(r, p.page) * p.kv_unit_bytes
     states = slots_alone(track) * p.state_bytes
     need: float = kv + states
-    if not cfg.sequential:
+    if not (cfg.sequential or shared):
         need = max(kv / (1 - cfg.state_fraction), states / cfg.state_fraction)
     if not math.isfinite(need):  # a state fraction so close to 0 or 1 that no float is enough
         return math.inf
     gb = math.ceil(need / 1e7) / 100
     for _ in range(100):  # int() truncations in the pool split can cost a unit or a state
-        at = pools_for(profile, unit_tokens, replace(cfg, memory_gb=gb), state_bytes)
+        at = pools_for(profile, unit_tokens, replace(cfg, memory_gb=gb), state_bytes, shared)
         if _serves(at, r, track):
             break
         gb = round(gb + 0.01, 2)
@@ -151,17 +157,20 @@ def fit(
     cfg: ServingConfig,
     track_slots: int = 0,
     state_bytes: int | None = None,
+    shared: bool = False,
 ) -> Fit:
     """The `Fit` of `trace` at `cfg`'s memory point, for a policy holding
     `track_slots` (0: no_buffer, 2: extra_buffer) states of `state_bytes`
     (default: the profile's)."""
-    pools = pools_for(profile, trace.unit_tokens, cfg, state_bytes)
+    pools = pools_for(profile, trace.unit_tokens, cfg, state_bytes, shared)
     reqs = trace.requests
     never = [i for i, r in enumerate(reqs) if not servable(pools, r, track_slots)]
     units = [_kv_units_needed(r, pools.page) for r in reqs]
     small = min(range(len(units)), key=units.__getitem__)
     large = max(range(len(units)), key=units.__getitem__)
-    gb = gb_needed(profile, trace.unit_tokens, cfg, reqs[large], track_slots, pools.state_bytes)
+    gb = gb_needed(
+        profile, trace.unit_tokens, cfg, reqs[large], track_slots, pools.state_bytes, shared
+    )
     return Fit(pools, never, (small, units[small]), (large, units[large]), gb)
 
 
@@ -194,10 +203,14 @@ def check_memory(
     `strategies` (policy -> strategy), the state pool is too small for a
     request that reuses a state, or not one request fits. A known policy's
     states cost what it says (`checks.policy_state_bytes`: vLLM pads them)."""
-    from mambaradix.replay.checks import policy_own_memory, policy_state_bytes
+    from mambaradix.replay.checks import (
+        policy_own_memory,
+        policy_shared_budget,
+        policy_state_bytes,
+    )
     from mambaradix.replay.policies import is_known
 
-    fits: dict[tuple[int, int], Fit] = {}
+    fits: dict[tuple[int, int, bool], Fit] = {}
     keys = {}
     own: dict[str, Fit] = {}  # policies with their upstream's own memory (vLLM's block pool)
     for policy, strategy in strategies.items():
@@ -206,8 +219,9 @@ def check_memory(
             continue
         track = TRACK_SLOTS[strategy]
         sb = policy_state_bytes(policy, profile) if is_known(policy) else profile.state_bytes
-        keys[policy] = (track, sb)
-        fits[(track, sb)] = fits.get((track, sb)) or fit(trace, profile, cfg, track, sb)
+        shared = is_known(policy) and policy_shared_budget(policy)
+        key = keys[policy] = (track, sb, shared)
+        fits[key] = fits.get(key) or fit(trace, profile, cfg, track, sb, shared)
     # the advice is the memory that serves every request under every policy of the run
     gb = max(f.gb_for_largest for f in [*fits.values(), *own.values()])
     for policy, strategy in strategies.items():

@@ -283,7 +283,7 @@ class ServingModel:
             kv, slots = own
         elif self.cfg.kv_units is not None and self.cfg.state_slots is not None:
             kv, slots = exact_pools(self.cfg.kv_units, self.cfg.state_slots, page)
-        elif self.cfg.sequential:
+        elif self.cfg.sequential or self.policy.shared_budget:
             kv, slots = shared_pools(budget, self.kv_unit_bytes, self.state_bytes)
         else:
             kv, slots = split_pools(
@@ -305,6 +305,10 @@ class ServingModel:
             sglang_rules=self.policy.sglang_rules,
             page_checkpoints=own_page is not None,
         )
+
+    def _shared_memory(self) -> bool:
+        """Whether KV and states draw on one byte budget (`_build_cache`)."""
+        return (self.cfg.sequential or self.policy.shared_budget) and self.cfg.kv_units is None
 
     def _build_tiers(self) -> TieredCache | None:
         if not self.cfg.tiered:
@@ -349,7 +353,7 @@ class ServingModel:
             self.cache.slots.available_size,
             tree=self.cache.tree,
             state_bytes=self.state_bytes,
-            shared_memory=self.cfg.sequential and self.cfg.kv_units is None,
+            shared_memory=self._shared_memory(),
             budget_units=max(1, self.cfg.chunk_tokens // self.units.unit),
             rows=self.cache.rows,
             cache=self.cache,

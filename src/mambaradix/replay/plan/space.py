@@ -2,9 +2,10 @@
 setting, the device-memory range worth searching, derived from the trace.
 
 A `Setting` is a policy, a state share (the state pool's fraction of device memory;
-`None` for a policy that lays out its own memory, vLLM's one block pool, or under
-`sequential`'s one shared budget) and the host memory (GB of a host tier, L2, behind the
-device pools; 0: none). Device memory is the axis searched within a setting
+`None` for a policy that lays out its own memory, vLLM's one block pool, for one that
+draws KV and states on one byte budget, ours, or under `sequential`'s one shared
+budget) and the host memory (GB of a host tier, L2, behind the device pools; 0: none).
+Device memory is the axis searched within a setting
 (`search.py`). `Setting.config` is the one place a setting becomes a `ServingConfig`,
 `Setting.cost` the one place the tiers are weighed: device GB plus host GB times the
 host's price relative to device memory (`host_cost`).
@@ -24,6 +25,7 @@ from typing import NamedTuple
 
 from mambaradix.replay.checks import (
     policy_own_memory,
+    policy_shared_budget,
     policy_state_bytes,
     policy_strategy,
 )
@@ -67,11 +69,11 @@ def settings(
     hosts: list[float] | None = None,
 ) -> list[Setting]:
     """Every policy at every state share and every host memory; one share for a policy
-    the share does not apply to (vLLM's own pool, sequential's shared budget)."""
+    the share does not apply to (vLLM's own pool, ours' one budget, sequential's)."""
     out: list[Setting] = []
     for h in hosts or [0.0]:
         for p in policies:
-            if sequential or policy_own_memory(p):
+            if sequential or policy_own_memory(p) or policy_shared_budget(p):
                 out.append(Setting(p, None, h))
             else:
                 out += [Setting(p, f, h) for f in fractions]
@@ -113,7 +115,7 @@ def least_gb(trace: Trace, profile: ModelProfile, base: ServingConfig, s: Settin
         return policy_fit(trace, profile, cfg, s.policy).gb_for_largest
     track = TRACK_SLOTS[policy_strategy(s.policy)]
     sb = policy_state_bytes(s.policy, profile)
-    return fit(trace, profile, cfg, track, sb).gb_for_largest
+    return fit(trace, profile, cfg, track, sb, policy_shared_budget(s.policy)).gb_for_largest
 
 
 def top_gb(

@@ -123,6 +123,9 @@ class Policy:
     strategy = "no_buffer"
     finish_insert = True
     decode_interval: int | None = None  # no_buffer: checkpoint every N decoded units
+    shared_budget = False
+    """KV and states draw on one byte budget in every discipline (else split pools,
+    `ServingConfig.state_fraction`, except in the sequential discipline)."""
     admission_kinds: frozenset[str] = frozenset()
     """Checkpoint kinds whose `cache_at` answer weighs the state against what is
     cached (an admission decision), not where states go; `replay.explain` counts

@@ -66,3 +66,5 @@ RANK_SEED = 0
 #                (mambaradix/without-prompt-ends)
 #   free pass    with split pools a free state slot admits without comparing
 #                (mambaradix/without-free-pass: always compare)
+#   room         one budget, nothing in flight: states go to admit a request that
+#                hits a state and would be dropped (mambaradix/without-room)

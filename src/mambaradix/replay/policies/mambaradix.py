@@ -25,6 +25,20 @@ eviction; otherwise only if its value at age 0 exceeds the lowest value held
 keeps its running state) and is always cached: it competes in the next
 eviction like any other item.
 
+Memory: one byte budget that KV and states draw on together, in every
+discipline (as vLLM's one block pool, and as Marconi's simulator): the value
+is per byte, so a state and the KV a leaf alone keeps compete for the same
+bytes, and no fixed share of memory sits idle for states while KV is short
+(or the reverse). Ablation `mambaradix/without-shared-budget`: the split
+pools (`ServingConfig.state_fraction`) the SGLang rows run on.
+
+Room: the admission test (SGLang's) counts free and evictable KV only, so on one
+budget the cached states' bytes can keep out a request that fits alone, which
+is then dropped (nothing in flight will free memory for it). When it hits a
+state, before it is matched other states go (lowest value first) until it fits
+(`before_match`): dropped, it would lose its hit. Ablation
+`mambaradix/without-room`.
+
 Every constant is in `constants`, each with an ablation (`ABLATIONS`).
 """
 
@@ -56,6 +70,8 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "mambaradix/without-prompt-ends": {"prompt_ends": False},
     "mambaradix/without-free-pass": {"free_pass": False},
     "mambaradix/without-sampling": {"sample": 0},
+    "mambaradix/without-shared-budget": {"shared_budget": False},
+    "mambaradix/without-room": {"room": False},
 }
 """Each ablation row of the evaluation: our policy without one constant or rule."""
 
@@ -70,10 +86,13 @@ class Settings:
     prompt_ends: bool = True  # checkpoint input - 1; else only branch points, chunk ends, finish
     free_pass: bool = True  # split pools: a free state slot admits without comparing
     sample: int = C.RANK_SAMPLE  # rank a sample of this many (0: every evictable state)
+    shared_budget: bool = True  # KV and states on one byte budget; else split pools
+    room: bool = True  # one budget: evict states to admit a request that would be dropped
 
     def __post_init__(self) -> None:
         as_finite_nonnegative(self.prior, "prior")
-        for name in ("classes", "ages", "sizes", "admission", "prompt_ends", "free_pass"):
+        names = ("classes", "ages", "sizes", "admission", "prompt_ends", "free_pass")
+        for name in (*names, "shared_budget", "room"):
             as_bool(getattr(self, name), name)
         as_int_nonnegative(self.sample, "sample")
 
@@ -89,6 +108,7 @@ class MambaRadix(Policy):
         if unknown := [k for k in settings if k not in known]:
             raise TypeError(f"unknown setting {', '.join(unknown)}; choose from {', '.join(known)}")
         self.settings = Settings(**settings)
+        self.shared_budget = self.settings.shared_budget
         self.density = HitDensity(self.settings.prior)
         self.planned: dict[int, dict[int, str]] = {}  # id(req) -> position -> kind
         self.rng = random.Random(C.RANK_SEED)
@@ -119,6 +139,42 @@ class MambaRadix(Policy):
         else:
             return False  # the prompt end is taken at input - 1, decoding adds none
         return self._admit(req, label)
+
+    def before_match(self, req: Request) -> None:
+        """One byte budget, nothing in flight: make room for `req` in states.
+
+        The admission test counts free and evictable KV only (SGLang's), so a
+        request that fits alone beside cached KV but not beside the cached
+        states' bytes would be dropped. One that hits a state loses that hit
+        (and drops although the hit shrinks what it needs): evict other states,
+        lowest value first, until its extend, a page and its state copy fit;
+        nothing if even all of them would not make it fit. One that hits
+        nothing loses no hit by being dropped, and evicting for it costs hits."""
+        ctx = self.ctx
+        if not (ctx.shared_memory and self.settings.room) or ctx.cache is None:
+            return
+        tree, kv = self.tree, ctx.cache.kv
+        if tree.full_protected_size():
+            return  # requests in flight: one that does not fit now waits for them
+        m = tree.match_prefix(req.tokens[: req.total_len - 1], req.extra_key, read_only=True)
+        if not m.prefix_len:
+            return
+        kvb, sb = ctx.kv_unit_bytes, ctx.state_bytes
+        copy = -(-sb // kvb)  # the hit's state copy is staged before the admission test
+        need = req.total_len - m.prefix_len + ctx.cache.page_size + 1 + copy  # strictly below
+        room = kv.available_size() + tree.full_evictable_size() - m.prefix_len
+        short = (need - room) * kvb  # bytes
+        if short <= 0:
+            return
+        self.items.settle()
+        others = [n for n in self.items.nodes if n is not m.node and self._evictable(n, "shared")]
+        if len(others) * sb < short:
+            return  # it does not fit even without them: keep them
+        freed = self.items.evict(
+            lambda: [n for n in self._ranked("shared") if n is not m.node],
+            lambda k, s: s * sb >= short,
+        )
+        ctx.cache.release(freed)
 
     def insert_at_finish(self, req: Request) -> bool:
         self.planned.pop(id(req), None)

@@ -1,0 +1,67 @@
+"""Paired rows on the tuning material only: one generator of `bench/evaluate.py`'s tuning
+material at its seeds (100-104), one discipline, some memories; per row the mean token hit
+rate over the seeds and, against the first row, the mean and sample sd of the per-seed
+differences. For a candidate change without its ablation row's full evaluation protocol;
+never on the evaluation's seeds or traces.
+
+    .venv/bin/python bench/tuning_pairs.py --generator synthetic-agent \\
+        --discipline sequential --memory 0.4,0.5 --rows mambaradix/without-room,mambaradix
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from multiprocessing import Pool
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from evaluate import DISCIPLINES, GENERATORS, SEEDS, TUNING_GENERATORS  # noqa: E402
+from mambaradix.replay.models import get_profile  # noqa: E402
+from mambaradix.replay.run import replay  # noqa: E402
+from mambaradix.replay.serving import ServingConfig  # noqa: E402
+
+ALL = {**GENERATORS, **TUNING_GENERATORS}
+
+
+def run(job: tuple[str, str, int, float, str]) -> tuple[tuple[int, float, str], float]:
+    generator, discipline, seed, memory, row = job
+    model, sequential = DISCIPLINES[discipline]
+    trace = ALL[generator](seed=seed)
+    cfg = ServingConfig(memory_gb=memory, sequential=sequential)
+    return (seed, memory, row), replay(trace, get_profile(model), row, cfg)["token_hit_rate"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--generator", choices=sorted(ALL), required=True)
+    ap.add_argument("--discipline", choices=sorted(DISCIPLINES), required=True)
+    ap.add_argument("--memory", required=True, help="GB, comma-separated")
+    ap.add_argument("--rows", required=True, help="policies or ablations; the first is the base")
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    memories = [float(m) for m in args.memory.split(",")]
+    rows = args.rows.split(",")
+    seeds = SEEDS["tuning"]
+    point = (args.generator, args.discipline)
+    jobs = [(*point, s, m, r) for m in memories for r in rows for s in seeds]
+    with Pool(args.workers) as pool:
+        rate = dict(pool.map(run, jobs))
+    print(f"{args.generator}, {args.discipline}, seeds {seeds[0]}-{seeds[-1]}; paired vs {rows[0]}")
+    for m in memories:
+        base = [rate[(s, m, rows[0])] for s in seeds]
+        cells = []
+        for r in rows:
+            mine = [rate[(s, m, r)] for s in seeds]
+            cell = f"{r} {100 * statistics.fmean(mine):.1f}%"
+            if r != rows[0]:
+                d = [100 * (x - y) for x, y in zip(mine, base, strict=True)]
+                cell += f" ({statistics.fmean(d):+.1f}, sd {statistics.stdev(d):.1f})"
+            cells.append(cell)
+        print(f"{m:g} GB: " + "; ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
