@@ -409,13 +409,7 @@ def by_size(sizes: list[int], reps: int, seed: int) -> dict[str, dict[int, dict[
             # an implementation that cannot count its nodes gets as many sessions as compat23
             # (the same decisions as SGLang 0.5.23, so the same tree)
             wanted = None if impl.nodes() is not None else filled[size]
-
-            def short() -> bool:
-                if wanted is None:
-                    return impl.nodes() < size
-                return len(sessions) < wanted
-
-            while short():
+            while (impl.nodes() < size) if wanted is None else (len(sessions) < wanted):
                 prompt = rng.choice(sys_prompts) + tok.seq(200)
                 fill(impl, tok, prompt)
                 full = prompt + tok.seq(200)
