@@ -124,7 +124,7 @@ class UnifiedDirect:
         self.InsertParams = base.InsertParams
         self.EvictParams = base.EvictParams
         self.kv, self.req_pool = wrapper.kv, wrapper.req_pool
-        self.kv.free = self.kv.free_segment = _CheapFree(self.kv)  # type: ignore[method-assign]
+        self.kv.free = self.kv.free_segment = _CheapFree(self.kv)
         slots = self.req_pool.mamba_allocator
         slots.free = _CheapFree(slots)
         self.inner = wrapper.inner
