@@ -17,7 +17,7 @@ import pytest
 
 from differential import run_differential
 from mambaradix import MambaRadixCache
-from upstream_unified import BACKENDS, UpstreamUnifiedCache
+from upstream_unified import BACKENDS, RUST_SO, UpstreamUnifiedCache, load_unified
 
 # (page_size, chunk_size, seeds, ops per seed). Page > 1 is extra_buffer (0.5.23 requires it).
 QUICK = [(1, 64, [0], 800), (1, 8, [1], 800), (4, 8, [2], 600), (16, 16, [3], 400)]
@@ -116,3 +116,18 @@ def test_a_branching_point_only_past_the_matched_state() -> None:
     older.insert(key[:64], range(1000, 1064), 0)
     older.insert(key, range(1000, 1100), 1, prev_prefix_len=64)
     assert older.match_prefix(probe).branching_len == 64
+
+
+def test_the_rust_core_is_the_wheels_compiled_extension() -> None:
+    """The Rust side runs the wheel's own binary (no fallback to the Python core): its core is
+    the wheel's adapter over a binding object of the extracted ``.so``."""
+    tree = UpstreamUnifiedCache(page_size=1, chunk_size=64, backend="rust")
+    binding_module = tree.core._bindings  # what the adapter's `extension.bindings` gave it
+    assert type(tree.core).__name__ == "RustUnifiedTreeCore"
+    assert isinstance(tree.core._binding, binding_module.RustUnifiedTreeCoreBinding)
+    assert binding_module.__file__ == str(load_unified().root / RUST_SO)
+    assert binding_module.__file__.endswith(".cpython-311-x86_64-linux-gnu.so")
+    python_core = UpstreamUnifiedCache(page_size=1, chunk_size=64).core
+    assert type(python_core).__name__ == "UnifiedTreeCore"
+    with pytest.raises(ValueError, match="backend"):
+        UpstreamUnifiedCache(backend="c++")
