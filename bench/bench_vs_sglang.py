@@ -112,7 +112,9 @@ def run_side(side: str, w: Workload, args: argparse.Namespace, limit: int | None
         if side == "upstream":
             return replay_upstream(w, args.page_size, args.chunk_size, limit)
         if side in BACKEND:
-            return replay_unified(w, BACKEND[side], args.page_size, args.chunk_size, limit)
+            return replay_unified(
+                w, BACKEND[side], args.page_size, args.chunk_size, limit, not args.untimed_indices
+            )
         return replay_ours(w, COMPAT[side], args.page_size, args.chunk_size, limit)
     finally:
         gc.enable()
@@ -282,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="torch intra-op threads for upstream's tensors (0: torch's default)",
+    )
+    ap.add_argument(
+        "--untimed-indices",
+        action="store_true",
+        help="SGLang 0.5.23: read a hit's KV indices off the path after the timer, not inside",
     )
     ap.add_argument(
         "--sides",

@@ -263,10 +263,12 @@ def replay_unified(
     page_size: int = 1,
     chunk_size: int = 64,
     limit: int | None = None,
+    time_indices: bool = True,
 ) -> Replay:
     """SGLang 0.5.23 as its scheduler calls it: ``match_prefix``, then, for a hit, the prefix's
     KV indices read off the path (``path_device_indices``, as ``allocation._prefix_kv_indices``
-    does; 0.5.15.post1 and ours return them from the match): both inside the timed match.
+    does; 0.5.15.post1 and ours return them from the match): both inside the timed match
+    (``time_indices=False``: the read after the timer, to show its share).
     ``lock`` / ``unlock`` (``TreeLock``), ``insert``, ``evict`` with counts."""
     d = UnifiedDirect(backend, page_size, chunk_size)
     torch = d.torch
@@ -290,9 +292,13 @@ def replay_unified(
             params = MPP(key=RadixKey(seqs[op[1]][: op[2]], None))
             t0 = perf_counter_ns()
             res = match_prefix(params)
-            p = res.device_prefix_len
-            idx = path_indices(res.last_device_node)[:p] if p else empty
+            if time_indices:
+                p = res.device_prefix_len
+                idx = path_indices(res.last_device_node)[:p] if p else empty
             t1 = perf_counter_ns()
+            if not time_indices:
+                p = res.device_prefix_len
+                idx = path_indices(res.last_device_node)[:p] if p else empty
             n_match += 1
             h = hash(idx.numpy().tobytes()) if n_match % SAMPLE_EVERY == 0 else None
             sig[i] = (p, res.mamba_branching_seqlen, h)
