@@ -2,11 +2,14 @@
 
     .venv/bin/python bench/bench_scaling.py [--reps 25] [--lengths 1k,2k,...] [--sizes 100,1000]
 
-Three implementations, each called the way `bench_vs_sglang.py` calls it (inputs pre-built,
-only the cache call timed): SGLang 0.5.15.post1's MambaRadixCache ("sglang"), ours with
-compat="sglang-0.5.15.post1" ("compat") and ours with compat=None ("default"). Every cell is the
-median of
-`--reps` timed calls, in microseconds, with the empty perf_counter_ns pair subtracted.
+Implementations, each called the way `bench_vs_sglang.py` calls it (inputs pre-built, only the
+cache call timed): SGLang 0.5.15.post1's MambaRadixCache ("sglang"), ours with
+compat="sglang-0.5.15.post1" ("compat"), ours with compat=None ("default"), ours with
+compat="sglang-0.5.23" ("compat23"), SGLang 0.5.23's UnifiedRadixCache over its compiled Rust
+tree core ("rust", its default backend) and over its Python tree core ("py23"); `--impls`
+picks a subset. Every cell is the median of `--reps` timed calls, in microseconds, with the
+empty perf_counter_ns pair subtracted. Ratios: sglang / compat, sglang / default,
+rust / compat23, rust / default, py23 / rust.
 
 Table 1, key length L (1k-64k tokens), tree holding a few other sequences of length L:
   match_1edge    match a cached L-token sequence stored as one edge (full hit)
@@ -39,7 +42,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from drivers import UpstreamDirect, set_torch_threads, timer_overhead_ns, warm_allocator  # noqa: E402
+from drivers import (  # noqa: E402
+    UnifiedDirect,
+    UpstreamDirect,
+    set_torch_threads,
+    timer_overhead_ns,
+    warm_allocator,
+)
 from mambaradix import MambaRadixCache  # noqa: E402
 
 VOCAB = 32_000
@@ -112,9 +121,79 @@ class Upstream:
         self.d.drop_freed()
 
 
+class Unified:
+    """SGLang 0.5.23 (`backend` "rust" or "python"), called as `drivers.replay_unified` calls
+    it: the timed match includes reading the prefix's KV indices off the path."""
+
+    def __init__(self, backend: str) -> None:
+        self.d = UnifiedDirect(backend, 1, 64)
+        self.c = self.d.inner
+        self.torch = self.d.torch
+
+    def prep_insert(self, key: array[int], base: int, state: int, prev: int = 0) -> Any:
+        d, torch = self.d, self.torch
+        return d.InsertParams(
+            key=d.RadixKey(key, None),
+            value=torch.arange(base, base + len(key), dtype=torch.int64),
+            mamba_value=torch.tensor([state], dtype=torch.int64),
+            prev_prefix_len=prev,
+        )
+
+    def insert(self, p: Any) -> int:
+        ins = self.c.insert
+        t0 = perf_counter_ns()
+        ins(p)
+        t1 = perf_counter_ns()
+        self.d.drop_freed()
+        return t1 - t0
+
+    def prep_match(self, key: array[int]) -> Any:
+        return self.d.MatchPrefixParams(key=self.d.RadixKey(key, None))
+
+    def match(self, p: Any) -> tuple[int, int, Any]:
+        m, path = self.c.match_prefix, self.c.path_device_indices
+        t0 = perf_counter_ns()
+        r = m(p)
+        n = r.device_prefix_len
+        if n:
+            path(r.last_device_node)[:n]
+        t1 = perf_counter_ns()
+        return t1 - t0, n, r.last_device_node
+
+    def lock(self, node: Any) -> tuple[int, Any]:
+        f = self.c.lock
+        t0 = perf_counter_ns()
+        h = f(node)
+        t1 = perf_counter_ns()
+        return t1 - t0, h
+
+    def unlock(self, handle: Any) -> int:
+        f = self.c.unlock
+        t0 = perf_counter_ns()
+        f(handle)
+        t1 = perf_counter_ns()
+        return t1 - t0
+
+    def evict(self, kv: int, st: int) -> int:
+        f, p = self.c.evict, self.d.EvictParams(num_tokens=kv, mamba_num=st)
+        t0 = perf_counter_ns()
+        f(p)
+        t1 = perf_counter_ns()
+        self.d.drop_freed()
+        return t1 - t0
+
+    def nodes(self) -> int | None:
+        return None  # the Rust core exposes no node count: by_size copies compat23's tree
+
+    def evict_lru_leaf(self) -> None:
+        """Untimed: evict the LRU leaf."""
+        self.c.evict(self.d.EvictParams(num_tokens=1))
+        self.d.drop_freed()
+
+
 class Ours:
     def __init__(self, compat: str | None) -> None:
-        self.name = "compat" if compat else "default"
+        self.name = {None: "default", "sglang-0.5.23": "compat23"}.get(compat, "compat")
         self.c = MambaRadixCache(page_size=1, chunk_size=64, compat=compat)
 
     def prep_insert(self, key: array[int], base: int, state: int, prev: int = 0) -> Any:
@@ -185,8 +264,22 @@ class Ours:
             node.kv.node = node.st.node = None
 
 
-IMPLS = (lambda: Upstream(), lambda: Ours("sglang-0.5.15.post1"), lambda: Ours(None))
-NAMES = ("sglang", "compat", "default")
+MAKERS = {
+    "sglang": lambda: Upstream(),
+    "compat": lambda: Ours("sglang-0.5.15.post1"),
+    "default": lambda: Ours(None),
+    "compat23": lambda: Ours("sglang-0.5.23"),  # before rust / py23: by_size sizes them by it
+    "rust": lambda: Unified("rust"),
+    "py23": lambda: Unified("python"),
+}
+NAMES: tuple[str, ...] = tuple(MAKERS)
+RATIOS = (
+    ("sglang", "compat"),
+    ("sglang", "default"),
+    ("rust", "compat23"),
+    ("rust", "default"),
+    ("py23", "rust"),
+)
 
 
 class Tokens:
@@ -224,7 +317,8 @@ def chain(impl: Any, tok: Tokens, seq: array[int], step: int) -> None:
 def by_length(lengths: list[int], reps: int, seed: int) -> dict[str, dict[int, dict[str, float]]]:
     out: dict[str, dict[int, dict[str, float]]] = {}
     for n in lengths:  # implementations interleaved per cell
-        for make, name in zip(IMPLS, NAMES, strict=True):
+        for name in NAMES:
+            make = MAKERS[name]
             out.setdefault(name, {})
             tok = Tokens(seed)  # same tokens for every implementation
             impl = make()
@@ -270,7 +364,8 @@ def by_depth(
 ) -> dict[str, dict[int, dict[str, float]]]:
     out: dict[str, dict[int, dict[str, float]]] = {}
     for depth in depths:  # implementations interleaved per cell
-        for make, name in zip(IMPLS, NAMES, strict=True):
+        for name in NAMES:
+            make = MAKERS[name]
             out.setdefault(name, {})
             tok = Tokens(seed)
             impl = make()
@@ -300,15 +395,21 @@ def by_depth(
 
 def by_size(sizes: list[int], reps: int, seed: int) -> dict[str, dict[int, dict[str, float]]]:
     out: dict[str, dict[int, dict[str, float]]] = {}
+    filled: dict[int, int] = {}  # compat23's session count per size
+    counted: dict[int, int] = {}  # and its node count
     for size in sizes:  # implementations interleaved per cell
-        for make, name in zip(IMPLS, NAMES, strict=True):
+        for name in NAMES:
+            make = MAKERS[name]
             out.setdefault(name, {})
             tok = Tokens(seed)
             rng = random.Random(seed + 1)
             impl = make()
             sys_prompts = [tok.seq(1024) for _ in range(8)]
             sessions: list[array[int]] = []
-            while impl.nodes() < size:
+            # an implementation that cannot count its nodes gets as many sessions as compat23
+            # (the same decisions as SGLang 0.5.23, so the same tree)
+            wanted = None if impl.nodes() is not None else filled[size]
+            while (impl.nodes() < size) if wanted is None else (len(sessions) < wanted):
                 prompt = rng.choice(sys_prompts) + tok.seq(200)
                 fill(impl, tok, prompt)
                 full = prompt + tok.seq(200)
@@ -319,6 +420,10 @@ def by_size(sizes: list[int], reps: int, seed: int) -> dict[str, dict[int, dict[
                 for k in ("match_hit", "insert_turn", "lock", "unlock", "evict_kv", "evict_state")
             }
             nodes = impl.nodes()
+            if name == "compat23":
+                filled[size], counted[size] = len(sessions), nodes
+            if nodes is None:
+                nodes = counted[size]
             for _ in range(reps):
                 s = rng.choice(sessions)
                 t, p, node = impl.match(impl.prep_match(s))
@@ -339,32 +444,43 @@ def by_size(sizes: list[int], reps: int, seed: int) -> dict[str, dict[int, dict[
 
 
 def print_table(title: str, axis: str, data: dict[str, dict[int, dict[str, float]]]) -> None:
-    print(f"\n{title}  (median µs per call; ratio = sglang / ours)")
-    first = data["sglang"]
+    print(f"\n{title}  (median µs per call; ratio = reference / side)")
+    names = [n for n in NAMES if n in data]
+    pairs = [(a, b) for a, b in RATIOS if a in data and b in data]
+    first = data[names[0]]
     cols = [c for c in next(iter(first.values())) if c != "nodes"]
     for col in cols:
+        if not all(col in data[n][x] for n in names for x in first):
+            continue  # ours only (match_read_only): print_refresh shows it
         print(f"  {col}")
         print(
-            f"    {axis:>8} {'sglang':>11} {'compat':>10} {'default':>10} "
-            f"{'x compat':>9} {'x default':>10}"
+            f"    {axis:>11} "
+            + " ".join(f"{n:>9}" for n in names)
+            + " "
+            + " ".join(f"{a + '/' + b:>16}" for a, b in pairs)
         )
         for x, row in first.items():
-            a, b, c = row[col], data["compat"][x][col], data["default"][x][col]
             label = f"{x}" if "nodes" not in row else f"{x} ({row['nodes']})"
-            print(
-                f"    {label:>8} {a:>11.1f} {b:>10.1f} {c:>10.1f} "
-                f"{a / max(b, 1e-3):>8.1f}x {a / max(c, 1e-3):>9.1f}x"
+            cells = " ".join(f"{data[n][x][col]:>9.1f}" for n in names)
+            ratios = " ".join(
+                f"{data[a][x][col] / max(data[b][x][col], 1e-3):>15.1f}x" for a, b in pairs
             )
+            print(f"    {label:>11} {cells} {ratios}")
 
 
 def print_refresh(data: dict[str, dict[int, dict[str, float]]]) -> None:
     """Ours only: what a match's LRU refresh costs (match minus a read-only match)."""
+    ours = [n for n in ("compat", "default", "compat23") if n in data]
+    if not ours:
+        return
     print("\n  match's LRU refresh, ours only (match - read-only match, µs)")
-    print(f"    {'depth':>8} {'compat':>10} {'default':>10}")
-    for depth in data["default"]:
-        cells = [data[name][depth] for name in ("compat", "default")]
-        a, b = (c["match"] - c["match_read_only"] for c in cells)
-        print(f"    {depth:>8} {a:>10.1f} {b:>10.1f}")
+    print(f"    {'depth':>8} " + " ".join(f"{n:>10}" for n in ours))
+    for depth in data[ours[0]]:
+        cells = [data[name][depth] for name in ours]
+        print(
+            f"    {depth:>8} "
+            + " ".join(f"{c['match'] - c['match_read_only']:>10.1f}" for c in cells)
+        )
 
 
 def parse_ints(text: str) -> list[int]:
@@ -376,7 +492,7 @@ def parse_ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global OVERHEAD
+    global OVERHEAD, NAMES
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -392,7 +508,19 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="torch intra-op threads for upstream's tensors (0: torch's default)",
     )
+    ap.add_argument(
+        "--impls",
+        default=",".join(NAMES),
+        help=f"comma-separated subset of {','.join(NAMES)} (default: all)",
+    )
     args = ap.parse_args(argv)
+    picked = tuple(x.strip() for x in args.impls.split(",") if x.strip())
+    bad = [x for x in picked if x not in MAKERS]
+    if bad or not picked:
+        ap.error(f"--impls: unknown {bad}; choose from {','.join(MAKERS)}")
+    if any(x in picked for x in ("rust", "py23")) and "compat23" not in picked:
+        picked += ("compat23",)  # by_size sizes SGLang 0.5.23's trees by it
+    NAMES = tuple(n for n in MAKERS if n in picked)
     warm_allocator()
     set_torch_threads(args.torch_threads)
     OVERHEAD = timer_overhead_ns()

@@ -1,17 +1,22 @@
-"""SGLang 0.5.15.post1's MambaRadixCache vs ours, side by side on one serving-like op sequence.
+"""SGLang's trees and ours, side by side on one serving-like op sequence.
 
     .venv/bin/python bench/bench_vs_sglang.py [--seed 0 --ops 40000 --repeats 3 --json out.json]
 
 Replays the same seeded op list (see `workload.py`) through
-  (a) upstream: SGLang's own class, called directly as its scheduler does (`drivers.py`),
-  (b) ours with compat="sglang-0.5.15.post1": the same decisions as upstream -- every match's prefix
+  (a) upstream: SGLang 0.5.15.post1's own class, called directly as its scheduler does
+      (`drivers.py`),
+  (b) ours with compat="sglang-0.5.15.post1": the same decisions as (a) -- every match's prefix
       length and branching length, every insert's prefix length and state-existed flag, every
       eviction's counts, a hash of every 16th match's KV indices and the final sizes are
       asserted equal, so both time identical work,
   (c) ours with compat=None (default): the fixed behaviour; decisions may differ (it never
-      splits on match and refreshes only the state a match uses), so only its time is shown.
-Each repeat builds fresh caches; the three replays run in rotating order. Per op, the median
-over repeats is taken; the tables summarise those medians.
+      splits on match and refreshes only the state a match uses), so only its time is shown,
+  (d) SGLang 0.5.23's `UnifiedRadixCache` over its compiled Rust tree core (its default
+      backend), loaded from the wheel's extension (`tests/upstream_unified.py`),
+  (e) the same class over its Python tree core,
+  (f) ours with compat="sglang-0.5.23": its decisions asserted equal to (d)'s and (e)'s.
+Each repeat builds fresh caches; the replays run in rotating order. Per op, the median
+over repeats is taken; the tables summarise those medians. `--sides` picks a subset.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from drivers import (
     Replay,
     replay_ours,
+    replay_unified,
     replay_upstream,
     set_torch_threads,
     timer_overhead_ns,
@@ -40,7 +46,39 @@ from drivers import (
 )  # noqa: E402
 from workload import OP_NAMES, Workload, WorkloadConfig, generate  # noqa: E402
 
-SIDES = ("upstream", "ours_sglang", "ours_default")
+SIDES = (
+    "upstream",
+    "ours_sglang",
+    "ours_default",
+    "sglang_0523_rust",
+    "sglang_0523_py",
+    "ours_0523",
+)
+SHORT = {
+    "upstream": "sglang 0.5.15",
+    "ours_sglang": "ours(c0.5.15)",
+    "ours_default": "ours(default)",
+    "sglang_0523_rust": "0.5.23 rust",
+    "sglang_0523_py": "0.5.23 python",
+    "ours_0523": "ours(c0.5.23)",
+}
+# (reference, side): pairs asserted to decide the same on every op
+SAME_WORK = (
+    ("upstream", "ours_sglang"),
+    ("sglang_0523_rust", "ours_0523"),
+    ("sglang_0523_py", "ours_0523"),
+)
+# (reference, side): time ratios reported, reference time / side time
+RATIOS = (
+    ("upstream", "ours_sglang"),
+    ("upstream", "ours_default"),
+    ("sglang_0523_rust", "ours_0523"),
+    ("sglang_0523_rust", "ours_default"),
+    ("sglang_0523_py", "ours_0523"),
+    ("sglang_0523_py", "sglang_0523_rust"),
+)
+COMPAT = {"ours_sglang": "sglang-0.5.15.post1", "ours_default": None, "ours_0523": "sglang-0.5.23"}
+BACKEND = {"sglang_0523_rust": "rust", "sglang_0523_py": "python"}
 
 
 def machine() -> dict[str, Any]:
@@ -73,25 +111,28 @@ def run_side(side: str, w: Workload, args: argparse.Namespace, limit: int | None
     try:
         if side == "upstream":
             return replay_upstream(w, args.page_size, args.chunk_size, limit)
-        compat = "sglang-0.5.15.post1" if side == "ours_sglang" else None
-        return replay_ours(w, compat, args.page_size, args.chunk_size, limit)
+        if side in BACKEND:
+            return replay_unified(
+                w, BACKEND[side], args.page_size, args.chunk_size, limit, not args.untimed_indices
+            )
+        return replay_ours(w, COMPAT[side], args.page_size, args.chunk_size, limit)
     finally:
         gc.enable()
 
 
-def check_same(w: Workload, a: Replay, b: Replay) -> int:
-    """Assert ours(compat="sglang-0.5.15.post1") decided exactly what upstream decided; returns
-    ops compared."""
+def check_same(w: Workload, a: Replay, b: Replay, names: tuple[str, str]) -> int:
+    """Assert side b decided exactly what side a decided; returns ops compared."""
     bad = [
         i for i in range(len(w.ops)) if a.sig[i] != b.sig[i] or (a.times[i] < 0) != (b.times[i] < 0)
     ]
     if bad:
         i = bad[0]
         raise AssertionError(
-            f"{len(bad)} ops differ; first: op #{i} {w.ops[i]}: upstream={a.sig[i]} ours={b.sig[i]}"
+            f"{len(bad)} ops differ between {names[0]} and {names[1]}; first: op #{i} "
+            f"{w.ops[i]}: {names[0]}={a.sig[i]} {names[1]}={b.sig[i]}"
         )
     if a.sizes != b.sizes:
-        raise AssertionError(f"final sizes differ: upstream={a.sizes} ours={b.sizes}")
+        raise AssertionError(f"final sizes differ: {names[0]}={a.sizes} {names[1]}={b.sizes}")
     return sum(1 for s in a.sig if s is not None)
 
 
@@ -107,13 +148,16 @@ def per_op_median(runs: list[Replay], n: int) -> array[int]:
     return out
 
 
-def summarise(w: Workload, times: dict[str, array[int]], overhead: int) -> dict[str, Any]:
-    """Per op type and overall: count, median / mean µs, total ms per side; ratios."""
+def summarise(
+    w: Workload, times: dict[str, array[int]], overhead: int, sides: tuple[str, ...]
+) -> dict[str, Any]:
+    """Per op type and overall: count, median / mean µs, total ms per side; ratios
+    (``ratio_<side>_vs_<reference>``; the 0.5.15 pairs keep their old keys ``ratio_<side>``)."""
     kinds = [OP_NAMES[op[0]] for op in w.ops]
     table: dict[str, Any] = {}
     for kind in (*OP_NAMES, "all"):
         row: dict[str, Any] = {}
-        for side in SIDES:
+        for side in sides:
             xs = [
                 t - overhead
                 for t, k in zip(times[side], kinds, strict=True)
@@ -127,16 +171,16 @@ def summarise(w: Workload, times: dict[str, array[int]], overhead: int) -> dict[
                 "mean_us": statistics.fmean(xs) / 1e3,
                 "total_ms": sum(xs) / 1e6,
             }
-        for side in SIDES[1:]:
-            if "upstream" not in row or side not in row:
+        for ref, side in RATIOS:
+            if ref not in row or side not in row:
                 continue
             ratios = [
                 (u - overhead) / max(o - overhead, 1)
-                for u, o, k in zip(times["upstream"], times[side], kinds, strict=True)
+                for u, o, k in zip(times[ref], times[side], kinds, strict=True)
                 if u >= 0 and o >= 0 and (kind == "all" or k == kind)
             ]
-            row[f"ratio_{side}"] = {
-                "total": row["upstream"]["total_ms"] / row[side]["total_ms"],
+            row[ratio_key(ref, side)] = {
+                "total": row[ref]["total_ms"] / row[side]["total_ms"],
                 "median_of_per_op": statistics.median(ratios) if ratios else float("nan"),
                 "ops_compared": len(ratios),
             }
@@ -144,32 +188,40 @@ def summarise(w: Workload, times: dict[str, array[int]], overhead: int) -> dict[
     return table
 
 
-def print_table(table: dict[str, Any]) -> None:
-    short = {"upstream": "sglang", "ours_sglang": "ours(compat)", "ours_default": "ours(default)"}
-    head = f"{'op':<7}{'count':>7} | "
-    head += " | ".join(f"{short[s]:>13} med µs  mean µs  tot ms" for s in SIDES)
-    head += " | ratio compat: tot  med | ratio default: tot  med"
+def ratio_key(ref: str, side: str) -> str:
+    return f"ratio_{side}" if ref == "upstream" else f"ratio_{side}_vs_{ref}"
+
+
+def print_table(table: dict[str, Any], sides: tuple[str, ...]) -> None:
+    head = f"{'op':<7}{'count':>7} | " + " | ".join(f"{SHORT[s]:>13} med µs  tot ms" for s in sides)
     print(head)
     print("-" * len(head))
     for kind, row in table.items():
-        if "upstream" not in row:
+        present = [s for s in sides if s in row]
+        if not present:
             continue
-        line = f"{kind:<7}{row['upstream']['count']:>7} | "
+        line = f"{kind:<7}{row[present[0]]['count']:>7} | "
         cells = []
-        for s in SIDES:
+        for s in sides:
             r = row.get(s)
             cells.append(
-                " " * 36
-                if r is None
-                else f"{r['median_us']:>20.2f} {r['mean_us']:>8.2f} {r['total_ms']:>7.1f}"
+                " " * 28 if r is None else f"{r['median_us']:>20.2f} {r['total_ms']:>7.1f}"
             )
-        line += " | ".join(cells)
-        for s in SIDES[1:]:
-            r = row.get(f"ratio_{s}")
-            line += " | " + (
-                "" if r is None else f"{r['total']:>16.2f}x {r['median_of_per_op']:>5.2f}x"
-            )
-        print(line)
+        print(line + " | ".join(cells))
+    pairs = [(ref, side) for ref, side in RATIOS if ref in sides and side in sides]
+    if not pairs:
+        return
+    print()
+    print("time ratios, reference / side: total-time ratio (median of per-op ratios)")
+    names = [f"{SHORT[ref]} / {SHORT[side]}" for ref, side in pairs]
+    print(f"{'op':<7} | " + " | ".join(f"{n:>29}" for n in names))
+    for kind, row in table.items():
+        cells = []
+        for (ref, side), n in zip(pairs, names, strict=True):
+            r = row.get(ratio_key(ref, side))
+            text = "" if r is None else f"{r['total']:.2f}x ({r['median_of_per_op']:.2f}x)"
+            cells.append(f"{text:>{max(len(n), 29)}}")
+        print(f"{kind:<7} | " + " | ".join(cells))
 
 
 def profile(w: Workload, args: argparse.Namespace, sides: tuple[str, ...]) -> None:
@@ -233,7 +285,21 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="torch intra-op threads for upstream's tensors (0: torch's default)",
     )
+    ap.add_argument(
+        "--untimed-indices",
+        action="store_true",
+        help="SGLang 0.5.23: read a hit's KV indices off the path after the timer, not inside",
+    )
+    ap.add_argument(
+        "--sides",
+        default=",".join(SIDES),
+        help=f"comma-separated subset of {','.join(SIDES)} (default: all)",
+    )
     args = ap.parse_args(argv)
+    sides = tuple(x.strip() for x in args.sides.split(",") if x.strip())
+    unknown = [x for x in sides if x not in SIDES]
+    if unknown or not sides:
+        ap.error(f"--sides: unknown {unknown}; choose from {','.join(SIDES)}")
     warm_allocator()
     set_torch_threads(args.torch_threads)
     if args.page_size != 1:
@@ -264,63 +330,66 @@ def main(argv: list[str] | None = None) -> int:
         f"({'kept in' if args.raw_timer else 'subtracted from'} every op)"
     )
 
-    for side in SIDES:  # warm-up: imports, torch's first calls, code paths
+    for side in sides:  # warm-up: imports, torch's first calls, code paths
         run_side(side, w, args, limit=min(args.warmup, len(w.ops)))
 
-    runs: dict[str, list[Replay]] = {s: [] for s in SIDES}
-    walls: dict[str, list[float]] = {s: [] for s in SIDES}
+    pairs = [(a, b) for a, b in SAME_WORK if a in sides and b in sides]
+    runs: dict[str, list[Replay]] = {s: [] for s in sides}
+    walls: dict[str, list[float]] = {s: [] for s in sides}
     for rep in range(args.repeats):
-        order = SIDES[rep % 3 :] + SIDES[: rep % 3]
-        for side in order:
+        k = rep % len(sides)
+        for side in sides[k:] + sides[:k]:
             t0 = time.perf_counter()
             runs[side].append(run_side(side, w, args))
             walls[side].append(time.perf_counter() - t0)
-        up, ours = runs["upstream"][-1], runs["ours_sglang"][-1]
+        checked = []
         if not args.skip_upstream_check:
-            n_checked = check_same(w, up, ours)
-        totals = {s: sum(t for t in runs[s][-1].times if t >= 0) / 1e6 for s in SIDES}
+            for a, b in pairs:
+                n_checked = check_same(w, runs[a][-1], runs[b][-1], (a, b))
+                checked.append(f"{b} == {a} on all {n_checked} ops with a result")
+        totals = {s: sum(t for t in runs[s][-1].times if t >= 0) / 1e6 for s in sides}
         print(
             f"repeat {rep + 1}/{args.repeats}: timed ms "
-            + " ".join(f"{s}={totals[s]:.1f}" for s in SIDES)
-            + (
-                ""
-                if args.skip_upstream_check
-                else f"; ours(compat) == upstream on all {n_checked} ops with a result"
-            )
+            + " ".join(f"{s}={totals[s]:.1f}" for s in sides)
+            + "".join(f"; {c}" for c in checked)
         )
 
     n = len(w.ops)
-    med = {s: per_op_median(runs[s], n) for s in SIDES}
-    table = summarise(w, med, overhead)
-    last = {s: runs[s][-1] for s in SIDES}
+    med = {s: per_op_median(runs[s], n) for s in sides}
+    table = summarise(w, med, overhead, sides)
+    last = {s: runs[s][-1] for s in sides}
     print()
     print(
         "final tree: "
         + ", ".join(
-            f"{s}: {last[s].nodes} nodes, sizes(kv ev/prot, st ev/prot)={last[s].sizes}"
-            for s in SIDES
+            f"{s}: {last[s].nodes if last[s].nodes >= 0 else '?'} nodes, "
+            f"sizes(kv ev/prot, st ev/prot)={last[s].sizes}"
+            for s in sides
         )
     )
-    print("matched tokens: " + ", ".join(f"{s}={last[s].matched_tokens}" for s in SIDES))
+    print("matched tokens: " + ", ".join(f"{s}={last[s].matched_tokens}" for s in sides))
     print(
         "mean depth (nodes) of a locked node: "
-        + ", ".join(f"{s}={last[s].lock_depth / max(last[s].locks, 1):.1f}" for s in SIDES)
+        + ", ".join(f"{s}={last[s].lock_depth / max(last[s].locks, 1):.1f}" for s in sides)
     )
     print()
-    print("per-op time, median over repeats per op (µs = microseconds; ratio = sglang / ours):")
-    print_table(table)
+    print("per-op time, median over repeats per op (µs = microseconds):")
+    print_table(table, sides)
     print()
-    per_rep = {s: [sum(t for t in r.times if t >= 0) / 1e6 for r in runs[s]] for s in SIDES}
-    for side in SIDES[1:]:
-        r = table["all"][f"ratio_{side}"]
-        spread = [u / o for u, o in zip(per_rep["upstream"], per_rep[side], strict=True)]
+    per_rep = {s: [sum(t for t in r.times if t >= 0) / 1e6 for r in runs[s]] for s in sides}
+    for ref, side in RATIOS:
+        if ref not in sides or side not in sides:
+            continue
+        r = table["all"][ratio_key(ref, side)]
+        spread = [u / o for u, o in zip(per_rep[ref], per_rep[side], strict=True)]
         print(
-            f"{side:>13}: total-time ratio {r['total']:.2f}x "
+            f"{SHORT[ref]:>13} / {SHORT[side]:<13}: total-time ratio {r['total']:.2f}x "
             f"(per repeat {min(spread):.2f}-{max(spread):.2f}x), "
             f"median per-op ratio {r['median_of_per_op']:.2f}x over {r['ops_compared']} ops"
         )
     if args.profile:
-        profile(w, args, ("upstream", *SIDES[1:]) if args.profile_upstream else SIDES[1:])
+        ours = tuple(s for s in sides if s in COMPAT)
+        profile(w, args, sides if args.profile_upstream else ours)
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -106,6 +106,61 @@ class UpstreamDirect:
         return len(self.inner.full_lru_list.cache)
 
 
+class UnifiedDirect:
+    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + MAMBA) over its Python or Rust tree core
+    (``backend``), loaded by ``tests/upstream_unified.py``; `inner` is called directly. Its
+    pools count what the tree frees and keep the tensors in a list (dropped between ops)."""
+
+    def __init__(self, backend: str, page_size: int = 1, chunk_size: int = 64) -> None:
+        import torch
+
+        import upstream_unified as uu
+
+        wrapper = uu.UpstreamUnifiedCache(page_size, chunk_size, backend=backend)
+        base = uu.up("srt.mem_cache.base_prefix_cache")
+        self.torch = torch
+        self.RadixKey = uu.up("srt.mem_cache.radix_cache").RadixKey
+        self.MatchPrefixParams = base.MatchPrefixParams
+        self.InsertParams = base.InsertParams
+        self.EvictParams = base.EvictParams
+        self.kv, self.req_pool = wrapper.kv, wrapper.req_pool
+        self.kv.free = self.kv.free_segment = _CheapFree(self.kv)
+        slots = self.req_pool.mamba_allocator
+        slots.free = _CheapFree(slots)
+        self.inner = wrapper.inner
+        self.core = wrapper.core
+
+    def drop_freed(self) -> None:
+        self.kv.freed.clear()
+        self.req_pool.mamba_allocator.freed.clear()
+
+    def sizes(self) -> tuple[int, int, int, int]:
+        c = self.inner
+        return (
+            int(c.full_evictable_size()),
+            int(c.full_protected_size()),
+            int(c.mamba_evictable_size()),
+            int(c.mamba_protected_size()),
+        )
+
+    def depth(self, node: Any) -> int:
+        """Nodes below the root on the path to ``node`` (untimed; the tree core's own walk)."""
+        (path,) = self.core.collect_path_info([node])
+        return len(path)
+
+
+class _CheapFree:
+    """A pool's ``free`` / ``free_segment`` that keeps the tensor and counts its slots (the
+    free space ``evict_for_alloc`` would read), no conversion."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def __call__(self, indices: Any, start_pos: int = 0) -> None:
+        self.pool.freed.append(indices)
+        self.pool.free_now += len(indices)
+
+
 class Replay:
     """Per-op timings (ns, -1 where the op did nothing) and decision signatures."""
 
@@ -199,6 +254,103 @@ def replay_upstream(
         times[i] = t1 - t0
     out.sizes = d.sizes()
     out.nodes = d.node_count()
+    return out
+
+
+def replay_unified(
+    w: Workload,
+    backend: str,
+    page_size: int = 1,
+    chunk_size: int = 64,
+    limit: int | None = None,
+    time_indices: bool = True,
+) -> Replay:
+    """SGLang 0.5.23 as its scheduler calls it: ``match_prefix``, then, for a hit, the prefix's
+    KV indices read off the path (``path_device_indices``, as ``allocation._prefix_kv_indices``
+    does; 0.5.15.post1 and ours return them from the match): both inside the timed match
+    (``time_indices=False``: the read after the timer, to show its share).
+    ``lock`` / ``unlock`` (``TreeLock``), ``insert``, ``evict`` with counts."""
+    d = UnifiedDirect(backend, page_size, chunk_size)
+    torch = d.torch
+    inner = d.inner
+    RadixKey, MPP, IP, EP = d.RadixKey, d.MatchPrefixParams, d.InsertParams, d.EvictParams
+    match_prefix, path_indices = inner.match_prefix, inner.path_device_indices
+    insert, evict, lock, unlock = inner.insert, inner.evict, inner.lock, inner.unlock
+    kv_budget, st_budget = w.config.kv_budget, w.config.state_budget
+    arange, cat, i64 = torch.arange, torch.cat, torch.int64
+    empty = torch.empty(0, dtype=i64)
+    seqs = w.seqs
+    ops = w.ops if limit is None else w.ops[:limit]
+    out = Replay(len(ops))
+    times, sig = out.times, out.sig
+    slots: list[Any] = [None] * w.n_slots
+    handles: list[Any] = [None] * w.n_handles
+    n_match = 0
+    for i, op in enumerate(ops):
+        code = op[0]
+        if code == MATCH:
+            params = MPP(key=RadixKey(seqs[op[1]][: op[2]], None))
+            t0 = perf_counter_ns()
+            res = match_prefix(params)
+            if time_indices:
+                p = res.device_prefix_len
+                idx = path_indices(res.last_device_node)[:p] if p else empty
+            t1 = perf_counter_ns()
+            if not time_indices:
+                p = res.device_prefix_len
+                idx = path_indices(res.last_device_node)[:p] if p else empty
+            n_match += 1
+            h = hash(idx.numpy().tobytes()) if n_match % SAMPLE_EVERY == 0 else None
+            sig[i] = (p, res.mamba_branching_seqlen, h)
+            out.matched_tokens += p
+            out.kv_hit_tokens += res.full_kv_hit_length
+            if op[3] >= 0:
+                slots[op[3]] = (p, idx, res.last_device_node)
+        elif code == LOCK:
+            node = slots[op[1]][2]
+            t0 = perf_counter_ns()
+            receipt = lock(node)
+            t1 = perf_counter_ns()
+            handles[op[2]] = receipt
+            out.locks += 1
+            out.lock_depth += d.depth(node)
+        elif code == UNLOCK:
+            receipt = handles[op[1]]
+            t0 = perf_counter_ns()
+            unlock(receipt)
+            t1 = perf_counter_ns()
+            handles[op[1]] = None
+        elif code == INSERT:
+            _, seq, n, slot, base, state = op
+            p, idx, _ = slots[slot]
+            slots[slot] = None
+            fresh = arange(base + p, base + n, dtype=i64)
+            params = IP(
+                key=RadixKey(seqs[seq][:n], None),
+                value=cat((idx, fresh)) if p else fresh,
+                mamba_value=torch.tensor([state], dtype=i64),
+                prev_prefix_len=p,
+            )
+            t0 = perf_counter_ns()
+            res = insert(params)
+            t1 = perf_counter_ns()
+            sig[i] = (res.prefix_len, bool(res.mamba_exist))
+            d.drop_freed()
+        else:  # EVICT_CHECK
+            ev_kv, pr_kv, ev_st, pr_st = d.sizes()
+            kv_excess = ev_kv + pr_kv - kv_budget
+            st_excess = ev_st + pr_st - st_budget
+            if kv_excess <= 0 and st_excess <= 0:
+                continue
+            params = EP(num_tokens=max(kv_excess, 0), mamba_num=max(st_excess, 0))
+            t0 = perf_counter_ns()
+            res = evict(params)
+            t1 = perf_counter_ns()
+            sig[i] = (res.num_tokens_evicted, res.mamba_num_evicted)
+            d.drop_freed()
+        times[i] = t1 - t0
+    out.sizes = d.sizes()
+    out.nodes = -1  # not counted: the Rust core exposes no node count
     return out
 
 

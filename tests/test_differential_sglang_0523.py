@@ -6,6 +6,9 @@ and freed duplicates; evictions' counts and freed KV and states, driven both as 
 ``evict`` (counts) and as its allocation-driven ``evict_for_alloc`` (to an availability target)
 against our ``evict`` of the same amount; the four size counters. Upstream's ``sanity_check``
 and our ``check_invariants`` run every 97 operations.
+
+Upstream runs with both of its tree cores: the Python ``UnifiedTreeCore`` and the compiled
+Rust core (SGLang's default backend), loaded from the wheel's extension.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import pytest
 
 from differential import run_differential
 from mambaradix import MambaRadixCache
-from upstream_unified import UpstreamUnifiedCache
+from upstream_unified import BACKENDS, RUST_SO, UpstreamUnifiedCache, load_unified
 
 # (page_size, chunk_size, seeds, ops per seed). Page > 1 is extra_buffer (0.5.23 requires it).
 QUICK = [(1, 64, [0], 800), (1, 8, [1], 800), (4, 8, [2], 600), (16, 16, [3], 400)]
@@ -27,10 +30,12 @@ SLOW = [
 ]
 
 
-def _run(page_size: int, chunk_size: int, seeds: list[int] | range, n_ops: int) -> None:
+def _run(
+    page_size: int, chunk_size: int, seeds: list[int] | range, n_ops: int, backend: str = "python"
+) -> None:
     for seed in seeds:
         ours = MambaRadixCache(page_size=page_size, chunk_size=chunk_size, compat="sglang-0.5.23")
-        theirs = UpstreamUnifiedCache(page_size=page_size, chunk_size=chunk_size)
+        theirs = UpstreamUnifiedCache(page_size=page_size, chunk_size=chunk_size, backend=backend)
         counts = run_differential(
             ours, theirs, seed, n_ops, page_size, check_every=97, unified=True
         )
@@ -45,12 +50,22 @@ def test_same_decisions_as_sglang_0523(
     _run(page_size, chunk_size, seeds, n_ops)
 
 
+@pytest.mark.parametrize("page_size,chunk_size,seeds,n_ops", QUICK)
+def test_same_decisions_as_sglang_0523_rust_core(
+    page_size: int, chunk_size: int, seeds: list[int], n_ops: int
+) -> None:
+    """The same streams against SGLang's compiled Rust tree core (its default backend), loaded
+    from the wheel's extension (``upstream_unified.load_rust_core``)."""
+    _run(page_size, chunk_size, seeds, n_ops, backend="rust")
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size,chunk_size,seeds,n_ops", SLOW)
 def test_same_decisions_as_sglang_0523_long(
-    page_size: int, chunk_size: int, seeds: range, n_ops: int
+    page_size: int, chunk_size: int, seeds: range, n_ops: int, backend: str
 ) -> None:
-    _run(page_size, chunk_size, seeds, n_ops)
+    _run(page_size, chunk_size, seeds, n_ops, backend)
 
 
 def test_slow_tier_covers_1e5_operations() -> None:
@@ -63,6 +78,7 @@ def test_a_kv_only_leaf_survives_and_is_evicted_by_recency() -> None:
     for tree in (
         MambaRadixCache(page_size=1, chunk_size=64, compat="sglang-0.5.23"),
         UpstreamUnifiedCache(page_size=1, chunk_size=64),
+        UpstreamUnifiedCache(page_size=1, chunk_size=64, backend="rust"),
     ):
         tree.insert([1, 2, 3, 4], [10, 11, 12, 13], 0)
         tree.insert([1, 2, 5, 6], [10, 11, 22, 23], 1, prev_prefix_len=2)  # splits [1, 2]
@@ -90,6 +106,7 @@ def test_a_branching_point_only_past_the_matched_state() -> None:
     for tree in (
         MambaRadixCache(page_size=1, chunk_size=64, compat="sglang-0.5.23"),
         UpstreamUnifiedCache(page_size=1, chunk_size=64),
+        UpstreamUnifiedCache(page_size=1, chunk_size=64, backend="rust"),
     ):
         tree.insert(key[:64], range(1000, 1064), 0)
         tree.insert(key, range(1000, 1100), 1, prev_prefix_len=64)
@@ -99,3 +116,18 @@ def test_a_branching_point_only_past_the_matched_state() -> None:
     older.insert(key[:64], range(1000, 1064), 0)
     older.insert(key, range(1000, 1100), 1, prev_prefix_len=64)
     assert older.match_prefix(probe).branching_len == 64
+
+
+def test_the_rust_core_is_the_wheels_compiled_extension() -> None:
+    """The Rust side runs the wheel's own binary (no fallback to the Python core): its core is
+    the wheel's adapter over a binding object of the extracted ``.so``."""
+    tree = UpstreamUnifiedCache(page_size=1, chunk_size=64, backend="rust")
+    binding_module = tree.core._bindings  # what the adapter's `extension.bindings` gave it
+    assert type(tree.core).__name__ == "RustUnifiedTreeCore"
+    assert isinstance(tree.core._binding, binding_module.RustUnifiedTreeCoreBinding)
+    assert binding_module.__file__ == str(load_unified().root / RUST_SO)
+    assert binding_module.__file__.endswith(".cpython-311-x86_64-linux-gnu.so")
+    python_core = UpstreamUnifiedCache(page_size=1, chunk_size=64).core
+    assert type(python_core).__name__ == "UnifiedTreeCore"
+    with pytest.raises(ValueError, match="backend"):
+        UpstreamUnifiedCache(backend="c++")

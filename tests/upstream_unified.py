@@ -30,6 +30,7 @@ same records.
 from __future__ import annotations
 
 import enum
+import importlib.util
 import math
 import sys
 from array import array
@@ -80,7 +81,14 @@ REAL = {
     f"{_MC}.allocator.paged",
     f"{_MC}.allocator.mamba",
     f"{_MC}.allocation_sizing",
+    # the Rust tree core's Python side (``tree_core_backend="rust"``, ``load_rust_core``)
+    f"{_MC}.rust_tree_core",
+    f"{_MC}.rust_tree_core.adapter",
+    "srt.rust_extensions.torch_build",  # the supported torch range the registry checks
 }
+RUST_SO = "sglang/srt/mem_cache/rust_tree_core/mem_cache.cpython-311-x86_64-linux-gnu.so"
+RUST_MODULE = f"{_MC}.rust_tree_core.mem_cache"
+BACKENDS = ("python", "rust")
 
 
 # --------------------------------------------------------------------------- configuration
@@ -154,8 +162,10 @@ def _utils(pkg: WheelPackage) -> dict[str, Any]:
         ("is_npu", "is_cuda", "is_hip", "is_xpu", "is_cpu", "support_triton"), _no
     )
     ns.update(get_bool_env_var=_no, is_pin_memory_available=_no, torch=torch, Optional=Any)
+    ns["array"] = array
     ns["List"] = list
     helpers = ("ceil_div", "ceil_align", "next_power_of_2", "get_num_new_pages", "async_h2d")
+    helpers += ("assert_int64_array",)  # the Rust core's adapter checks its key buffers
     pkg.pick("sglang/srt/utils/common.py", dict.fromkeys(helpers), ns)
     return ns
 
@@ -194,6 +204,36 @@ def load_unified() -> WheelPackage:
     pkg.module(f"{_MC}.unified_radix_cache")
     _pkg = pkg
     return pkg
+
+
+def load_rust_core() -> Any:
+    """Load the wheel's compiled Rust tree core (once per process) and return the binding.
+
+    The extension (``RUST_SO``, a PyO3 module linking libtorch) is extracted from the wheel
+    into ``.cache/sglang/src/`` and imported as ``<PREFIX>.srt.mem_cache.rust_tree_core.
+    mem_cache``. SGLang's ``rust_tree_core/extension.py`` (a build-or-load step through
+    ``rust_extensions.loader``) is replaced by a module holding that binding; the adapter
+    (``rust_tree_core/adapter.py``) and the registry are the wheel's own. The registry names
+    the binding's module as a string (``_RUST_TREE_CORE_MODULE``, not an import the renaming
+    sees): it is set to the renamed name, so its fallback policy finds the binding loaded
+    (as it does in a server once imported) and selects the Rust core; its torch range check
+    still runs."""
+    pkg = load_unified()
+    name = f"{PREFIX}.{RUST_MODULE}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, pkg.file(RUST_SO))
+    assert spec is not None and spec.loader is not None
+    binding = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(binding)  # torch is imported above: libtorch is resident
+    sys.modules[name] = binding
+    names = ("DecLockRefParamsBinding", "InsertParamsBinding", "MatchParamsBinding")
+    names += ("RustBigramUnifiedTreeCoreBinding", "RustUnifiedTreeCoreBinding")
+    names += ("TreeCoreInitParamsBinding",)
+    extension = {n: getattr(binding, n) for n in names}
+    pkg.overrides[f"{_MC}.rust_tree_core.extension"] = {"bindings": binding, **extension}
+    up(f"{_UC}.tree_core_registry")._RUST_TREE_CORE_MODULE = name
+    return binding
 
 
 def up(rel: str) -> Any:
@@ -258,8 +298,16 @@ def make_pools(page_size: int) -> tuple[Any, Any]:
     return kv, FakeReqToTokenPool()
 
 
-def cache_params(req_pool: Any, kv: Any, page_size: int, extra_buffer: bool, **kwargs: Any) -> Any:
-    """``CacheInitParams`` of a hybrid model's tree: FULL + MAMBA, the Python tree core."""
+def cache_params(
+    req_pool: Any,
+    kv: Any,
+    page_size: int,
+    extra_buffer: bool,
+    backend: str = "python",
+    **kwargs: Any,
+) -> Any:
+    """``CacheInitParams`` of a hybrid model's tree: FULL + MAMBA, the tree core ``backend``
+    (``"python"``, or ``"rust"`` after ``load_rust_core``)."""
     ct = up(f"{_UC}.component_type").ComponentType
     return up(f"{_MC}.cache_init_params").CacheInitParams(
         disable=False,
@@ -268,7 +316,7 @@ def cache_params(req_pool: Any, kv: Any, page_size: int, extra_buffer: bool, **k
         page_size=page_size,
         enable_mamba_extra_buffer=extra_buffer,
         tree_components=(ct.FULL, ct.MAMBA),
-        tree_core_backend="python",
+        tree_core_backend=backend,
         **kwargs,
     )
 
@@ -292,8 +340,12 @@ class UpstreamUnifiedCache:
     ``evict_for_alloc`` is the allocation-driven eviction (targets: what is free now plus the
     shortfall, as the allocator and ``ensure_mamba_capacity`` call it)."""
 
-    def __init__(self, page_size: int = 1, chunk_size: int = 64) -> None:
+    def __init__(self, page_size: int = 1, chunk_size: int = 64, backend: str = "python") -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         load_unified()
+        if backend == "rust":
+            load_rust_core()
         base = up(f"{_MC}.base_prefix_cache")
         self._MatchPrefixParams = base.MatchPrefixParams
         self._InsertParams = base.InsertParams
@@ -301,9 +353,15 @@ class UpstreamUnifiedCache:
         self._RadixKey = up(f"{_MC}.radix_cache").RadixKey
         self.kv, self.req_pool = make_pools(page_size)
         SETTINGS.chunk_size = chunk_size  # read once, in the constructor
-        params = cache_params(self.req_pool, self.kv, page_size, extra_buffer=page_size > 1)
+        params = cache_params(
+            self.req_pool, self.kv, page_size, extra_buffer=page_size > 1, backend=backend
+        )
         self.inner = up(f"{_MC}.unified_radix_cache").UnifiedRadixCache(params)
         self.core = self.inner.tree_core
+        core_cls = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[backend]
+        if type(self.core).__name__ != core_cls:  # the registry may fall back: never silently
+            raise RuntimeError(f"asked for the {backend} tree core, got {type(self.core)}")
+        self.backend = backend
         self.page_size = page_size
         self.chunk_size = chunk_size
 
