@@ -26,11 +26,14 @@ from mambaradix.replay.serving import ServingConfig  # noqa: E402
 ALL = {**GENERATORS, **TUNING_GENERATORS}
 
 
-def run(job: tuple[str, str, int, float, str]) -> tuple[tuple[int, float, str], float]:
-    generator, discipline, seed, memory, row = job
+Job = tuple[str, str, int, float, str, float]
+
+
+def run(job: Job) -> tuple[tuple[int, float, str], float]:
+    generator, discipline, seed, memory, row, host_gb = job
     model, sequential = DISCIPLINES[discipline]
     trace = ALL[generator](seed=seed)
-    cfg = ServingConfig(memory_gb=memory, sequential=sequential)
+    cfg = ServingConfig(memory_gb=memory, sequential=sequential, host_gb=host_gb)
     return (seed, memory, row), replay(trace, get_profile(model), row, cfg)["token_hit_rate"]
 
 
@@ -40,13 +43,14 @@ def main() -> None:
     ap.add_argument("--discipline", choices=sorted(DISCIPLINES), required=True)
     ap.add_argument("--memory", required=True, help="GB, comma-separated")
     ap.add_argument("--rows", required=True, help="policies or ablations; the first is the base")
+    ap.add_argument("--host-gb", type=float, default=0.0, help="a host tier at every memory")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     memories = [float(m) for m in args.memory.split(",")]
     rows = args.rows.split(",")
     seeds = SEEDS["tuning"]
     point = (args.generator, args.discipline)
-    jobs = [(*point, s, m, r) for m in memories for r in rows for s in seeds]
+    jobs = [(*point, s, m, r, args.host_gb) for m in memories for r in rows for s in seeds]
     with Pool(args.workers) as pool:
         rate = dict(pool.map(run, jobs))
     print(f"{args.generator}, {args.discipline}, seeds {seeds[0]}-{seeds[-1]}; paired vs {rows[0]}")
@@ -60,7 +64,8 @@ def main() -> None:
                 d = [100 * (x - y) for x, y in zip(mine, base, strict=True)]
                 cell += f" ({statistics.fmean(d):+.1f}, sd {statistics.stdev(d):.1f})"
             cells.append(cell)
-        print(f"{m:g} GB: " + "; ".join(cells))
+        host = f" + {args.host_gb:g} GB host" if args.host_gb else ""
+        print(f"{m:g} GB{host}: " + "; ".join(cells))
 
 
 if __name__ == "__main__":

@@ -579,7 +579,9 @@ def warn_dropped(
         for p in pooled:  # each on its own layout: split pools or ours' one budget
             track, state = TRACK_SLOTS[policy_strategy(p)], policy_state_bytes(p, profile)
             gbs.append(
-                fit(trace, profile, cfg, track, state, policy_shared_budget(p)).gb_for_largest
+                fit(
+                    trace, profile, cfg, track, state, policy_shared_budget(p, cfg.tiered)
+                ).gb_for_largest
             )
         gb = max(gbs)
         why = f"serving every request needs about {gb:g} GB"

@@ -84,10 +84,11 @@ def policy_state_bytes(policy: str, profile: ModelProfile) -> int:
     return _instance(policy).state_bytes(profile)
 
 
-def policy_shared_budget(policy: str) -> bool:
-    """Whether a known policy draws KV and states on one byte budget in every
-    discipline (`Policy.shared_budget`: ours)."""
-    return bool(_instance(policy).shared_budget)
+def policy_shared_budget(policy: str, tiered: bool = False) -> bool:
+    """Whether a known policy draws KV and states on one byte budget in the serving
+    discipline, with (`tiered`) or without a lower tier (`Policy.one_budget`: ours, on a
+    device alone)."""
+    return _instance(policy).one_budget(tiered)
 
 
 def policy_own_memory(policy: str) -> bool:

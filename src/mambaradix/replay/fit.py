@@ -219,7 +219,7 @@ def check_memory(
             continue
         track = TRACK_SLOTS[strategy]
         sb = policy_state_bytes(policy, profile) if is_known(policy) else profile.state_bytes
-        shared = is_known(policy) and policy_shared_budget(policy)
+        shared = is_known(policy) and policy_shared_budget(policy, cfg.tiered)
         key = keys[policy] = (track, sb, shared)
         fits[key] = fits.get(key) or fit(trace, profile, cfg, track, sb, shared)
     # the advice is the memory that serves every request under every policy of the run

@@ -283,7 +283,7 @@ class ServingModel:
             kv, slots = own
         elif self.cfg.kv_units is not None and self.cfg.state_slots is not None:
             kv, slots = exact_pools(self.cfg.kv_units, self.cfg.state_slots, page)
-        elif self.cfg.sequential or self.policy.shared_budget:
+        elif self.cfg.sequential or self.policy.one_budget(self.cfg.tiered):
             kv, slots = shared_pools(budget, self.kv_unit_bytes, self.state_bytes)
         else:
             kv, slots = split_pools(
@@ -308,7 +308,8 @@ class ServingModel:
 
     def _shared_memory(self) -> bool:
         """Whether KV and states draw on one byte budget (`_build_cache`)."""
-        return (self.cfg.sequential or self.policy.shared_budget) and self.cfg.kv_units is None
+        one = self.cfg.sequential or self.policy.one_budget(self.cfg.tiered)
+        return one and self.cfg.kv_units is None
 
     def _build_tiers(self) -> TieredCache | None:
         if not self.cfg.tiered:

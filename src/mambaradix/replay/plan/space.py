@@ -73,7 +73,7 @@ def settings(
     out: list[Setting] = []
     for h in hosts or [0.0]:
         for p in policies:
-            if sequential or policy_own_memory(p) or policy_shared_budget(p):
+            if sequential or policy_own_memory(p) or policy_shared_budget(p, h > 0):
                 out.append(Setting(p, None, h))
             else:
                 out += [Setting(p, f, h) for f in fractions]
@@ -115,7 +115,8 @@ def least_gb(trace: Trace, profile: ModelProfile, base: ServingConfig, s: Settin
         return policy_fit(trace, profile, cfg, s.policy).gb_for_largest
     track = TRACK_SLOTS[policy_strategy(s.policy)]
     sb = policy_state_bytes(s.policy, profile)
-    return fit(trace, profile, cfg, track, sb, policy_shared_budget(s.policy)).gb_for_largest
+    shared = policy_shared_budget(s.policy, cfg.tiered)
+    return fit(trace, profile, cfg, track, sb, shared).gb_for_largest
 
 
 def top_gb(

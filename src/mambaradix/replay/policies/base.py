@@ -124,8 +124,9 @@ class Policy:
     finish_insert = True
     decode_interval: int | None = None  # no_buffer: checkpoint every N decoded units
     shared_budget = False
-    """KV and states draw on one byte budget in every discipline (else split pools,
-    `ServingConfig.state_fraction`, except in the sequential discipline)."""
+    """KV and states draw on one byte budget in the serving discipline (else split pools,
+    `ServingConfig.state_fraction`; the sequential discipline always has one); see
+    `one_budget`."""
     admission_kinds: frozenset[str] = frozenset()
     """Checkpoint kinds whose `cache_at` answer weighs the state against what is
     cached (an admission decision), not where states go; `replay.explain` counts
@@ -133,6 +134,11 @@ class Policy:
     pool: BlockPool | None = None
     """The block pool of a policy that keeps its own books of what is cached (vLLM's);
     None: the lifecycle's books are the only ones (the tiers check its conservation)."""
+
+    def one_budget(self, tiered: bool) -> bool:
+        """Whether KV and states draw on one byte budget in the serving discipline, with
+        (`tiered`) or without a host or store tier."""
+        return self.shared_budget
 
     def attach(self, ctx: PolicyContext) -> None:
         self.ctx = ctx

@@ -72,6 +72,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "mambaradix/without-sampling": {"sample": 0},
     "mambaradix/without-shared-budget": {"shared_budget": False},
     "mambaradix/without-room": {"room": False},
+    "mambaradix/without-tier-split": {"tier_split": False},
 }
 """Each ablation row of the evaluation: our policy without one constant or rule."""
 
@@ -88,11 +89,12 @@ class Settings:
     sample: int = C.RANK_SAMPLE  # rank a sample of this many (0: every evictable state)
     shared_budget: bool = True  # KV and states on one byte budget; else split pools
     room: bool = True  # one budget: evict states to admit a request that would be dropped
+    tier_split: bool = True  # with a host or store tier: split pools (`MambaRadix.one_budget`)
 
     def __post_init__(self) -> None:
         as_finite_nonnegative(self.prior, "prior")
         names = ("classes", "ages", "sizes", "admission", "prompt_ends", "free_pass")
-        for name in (*names, "shared_budget", "room"):
+        for name in (*names, "shared_budget", "room", "tier_split"):
             as_bool(getattr(self, name), name)
         as_int_nonnegative(self.sample, "sample")
 
@@ -113,6 +115,14 @@ class MambaRadix(Policy):
         self.planned: dict[int, dict[int, str]] = {}  # id(req) -> position -> kind
         self.rng = random.Random(C.RANK_SEED)
 
+
+    def one_budget(self, tiered: bool) -> bool:
+        """One byte budget on a device alone; with a host or store tier, split pools (which
+        demote more states below). Set on the tuning material (`bench/tuning_pairs.py`,
+        synthetic multi-turn and agent, seeds 100-104, serving): at 1 GB one budget holds
+        10-12 points more on the device alone; with 10 GB of host memory split pools hold
+        1.8 and 2.7 points more at 1 GB, -1.1 and +0.1 at 2 GB (docs/methodology.md)."""
+        return self.shared_budget and not (tiered and self.settings.tier_split)
     def attach(self, ctx: PolicyContext) -> None:
         super().attach(ctx)
         assert ctx.tree is not None, "our policy keeps per-node data: the context needs the tree"
