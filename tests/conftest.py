@@ -25,6 +25,7 @@ NEEDS_TORCH = [
     "test_engine.py",
     "test_engine_batched.py",
     "test_engine_deterministic.py",
+    "test_engine_tiers.py",
     "test_engine_vs_replay.py",
     "test_lifecycle_differential.py",
     "test_lifecycle_differential_sglang_0523.py",
