@@ -69,11 +69,18 @@ def _brute_dominated(r: dict[str, Any], rows: list[dict[str, Any]]) -> bool:
     )
 
 
+def config(memory_gb: float, state_fraction: float | None) -> ServingConfig:
+    """A fresh config at a planned point (None: the setting has no state share)."""
+    if state_fraction is None:
+        return ServingConfig(memory_gb=memory_gb)
+    return ServingConfig(memory_gb=memory_gb, state_fraction=state_fraction)
+
+
 @pytest.mark.slow  # the planned fixture: ~10 replays, 3-6 s
 def test_recommended_meets_target_replayed_alone(small: Trace, planned: dict[str, Any]) -> None:
     best = planned["recommended"]
     assert best is not None
-    cfg = ServingConfig(memory_gb=best["memory_gb"], state_fraction=best["state_fraction"])
+    cfg = config(best["memory_gb"], best["state_fraction"])
     alone = replay(small, PROFILE, best["policy"], cfg)  # an independent call, fresh config
     assert alone["dropped"] == 0
     assert alone["token_hit_rate"] >= TARGET
@@ -93,7 +100,7 @@ def test_bisection_stops_next_to_a_miss(small: Trace, planned: dict[str, Any]) -
         if r["setting"] == best["setting"] and r["memory_gb"] < best["memory_gb"]
     )
     assert below * 1.1 >= best["memory_gb"]
-    cfg = ServingConfig(memory_gb=below, state_fraction=best["state_fraction"])
+    cfg = config(below, best["state_fraction"])
     assert replay(small, PROFILE, best["policy"], cfg)["token_hit_rate"] < TARGET
 
 
@@ -135,10 +142,17 @@ def test_ranges_run_from_the_largest_request_to_the_footprint(
         replayed = [p for p in planned["points"] if p["setting"] == r["setting"]]
         assert min(p["memory_gb"] for p in replayed) == r["least_gb"]
         assert max(p["memory_gb"] for p in replayed) <= r["top_gb"]
+        largest = Trace("largest", [max(small.requests, key=_size)], 1)
+        at_least = replay(largest, PROFILE, r["policy"], config(r["least_gb"], r["state_fraction"]))
+        assert at_least["dropped"] == 0
+        if r["state_fraction"] is None:
+            # one byte budget: the least memory also holds the state a request that reuses
+            # one keeps (`fit.gb_needed`), which this request alone does not need
+            continue
         # just below the least memory the largest request no longer fits alone
-        cfg = ServingConfig(memory_gb=r["least_gb"] - 0.01, state_fraction=r["state_fraction"])
+        cfg = config(r["least_gb"] - 0.01, r["state_fraction"])
         with pytest.raises(ValueError):
-            replay(Trace("largest", [max(small.requests, key=_size)], 1), PROFILE, r["policy"], cfg)
+            replay(largest, PROFILE, r["policy"], cfg)
     assert planned["bound"]["token_hit_rate"] == pytest.approx(bound_token_hit_rate(small))
 
 

@@ -591,10 +591,15 @@ def test_memory_pressure_accounts_every_request(policy: str, rate: float | None)
     assert 0 <= m["token_hit_rate"] <= bound_token_hit_rate(trace)
 
 
-@pytest.mark.parametrize("policy", quick([p for p in ALL if p != "vllm"], "sglang"))
+SPLIT_POOLS = [p for p in ALL if p not in ("vllm", "mambaradix")]
+SPLIT_POOLS.append("mambaradix/without-shared-budget")
+
+
+@pytest.mark.parametrize("policy", quick(SPLIT_POOLS, "sglang"))
 def test_requests_that_can_never_fit_are_dropped(policy: str) -> None:
     # marconi-7b at 0.3 GB: 0.3e9 * (1 - 0.9/1.9) // 65536 = 2409 KV tokens. A
-    # request is dropped exactly when its committed sequence exceeds the pool.
+    # request is dropped exactly when its committed sequence exceeds the pool. (Split pools:
+    # vLLM's one block pool and ours' one byte budget are another layout.)
     trace = multi_turn(sessions=16, seed=0)
     sim = ServingModel(trace, get_profile("marconi-7b"), make_policy(policy), ServingConfig(0.3))
     sim.run()

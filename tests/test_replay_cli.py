@@ -352,7 +352,11 @@ def test_state_fraction_sweep(tmp_path: Path) -> None:
     points = {(r["policy"], r["memory_gb"], r["state_fraction"]) for r in data["results"]}
     assert len(points) == 8
     assert {r["config"]["prefill_flops_per_s"] for r in data["results"]} == {1e15}
-    caps = {(r["memory_gb"], r["state_fraction"]): r["state_capacity"] for r in data["results"]}
+    caps = {
+        (r["memory_gb"], r["state_fraction"]): r["state_capacity"]
+        for r in data["results"]
+        if r["policy"] == "sglang"  # ours draws on one byte budget: no share applies
+    }
     assert caps[(2.0, 0.6)] > caps[(2.0, 0.3)]  # the split really moves memory between pools
 
 
