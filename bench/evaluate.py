@@ -205,7 +205,7 @@ def runs_of(row: str, discipline: str, memory: float) -> list[str]:
     decision at this point is the policy itself (not run twice): the free
     pass exists only with split pools (ours runs on one byte budget: only its
     without-shared-budget row has them, and it keeps the pass), sampling only
-    with more than RANK_SAMPLE states."""
+    with more than RANK_SAMPLE states, the tier split only with a lower tier."""
     if row == ORACLE:
         return list(oracle_runs())
     if row == NO_TUNING:
@@ -213,6 +213,8 @@ def runs_of(row: str, discipline: str, memory: float) -> list[str]:
     if row == "mambaradix/without-free-pass":  # ours runs on one budget everywhere
         return [OURS]
     if row == "mambaradix/without-shared-budget" and discipline == "sequential":
+        return [OURS]
+    if row == "mambaradix/without-tier-split":  # the evaluation has no host or store tier
         return [OURS]
     if row == "mambaradix/without-sampling" and state_slots(discipline, memory) <= RANK_SAMPLE:
         return [OURS]
