@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import Executor
 from dataclasses import replace
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from mambaradix.replay.bound import bound_token_hit_rate
 from mambaradix.replay.cells import Cell, build_cells, row_key, run_sweep_cell
@@ -22,7 +22,7 @@ from mambaradix.replay.checks import (
 )
 from mambaradix.replay.cluster import ClusterSpec
 from mambaradix.replay.executors import run_on
-from mambaradix.replay.fit import check_memory
+from mambaradix.replay.fit import Fit, check_memory
 from mambaradix.replay.forked import run_forked
 from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.progress import Counter, counter
@@ -51,6 +51,7 @@ def sweep(
     shard: Shard | None = None,
     routers: list[str] | None = None,
     cluster: ClusterSpec | None = None,
+    checked: Checked | None = None,
 ) -> dict[str, Any]:
     """Every (state fraction, memory, policy) point; several state fractions
     sweep the split of memory between the KV pool and the state pool. With
@@ -59,9 +60,15 @@ def sweep(
     `shard` runs only its share of them (`shards.py`).
 
     Checks every argument first (TypeError / ValueError naming it), including
-    that each memory point holds at least one request of the trace. Ctrl-C
+    that each memory point holds at least one request of the trace, unless the
+    caller hands in what `check_points` returned for these same arguments
+    (`checked`: the CLI checks once, with its own option names). Ctrl-C
     (KeyboardInterrupt) terminates the worker processes before it propagates."""
-    cells = _cells(trace, profile, policies, memories, base, state_fractions, routers, cluster)
+    if checked is None:
+        checked = check_points(
+            trace, profile, policies, memories, base, state_fractions, routers, cluster
+        )
+    cells = checked.cells
     points = shard.select(cells) if shard is not None else cells
     workers = check_workers(workers) or min(len(points), os.cpu_count() or 1)
     bound = bound_token_hit_rate(trace)
@@ -102,18 +109,28 @@ def _data(
     }
 
 
-def _cells(
+class Checked(NamedTuple):
+    """A sweep's checked cells, in table order (fraction, memory, router, policy), and
+    each (fraction, memory) point's configuration and `Fit` (its pools), in order."""
+
+    cells: list[Cell]
+    points: list[tuple[ServingConfig, Fit]]
+
+
+def check_points(
     trace: Trace,
     profile: ModelProfile,
     policies: list[str],
     memories: list[float],
     base: ServingConfig,
-    state_fractions: list[float] | None,
-    routers: list[str] | None,
-    cluster: ClusterSpec | None,
-) -> list[Cell]:
-    """The checked sweep cells, in table order (fraction, memory, router, policy).
-    With a cluster, each instance has `memory` of its own: the same checks hold."""
+    state_fractions: list[float] | None = None,
+    routers: list[str] | None = None,
+    cluster: ClusterSpec | None = None,
+    names: tuple[str, str] = ("memories", "state_fractions"),
+) -> Checked:
+    """Every check `sweep` makes, once (ValueError / TypeError naming the argument; `names`:
+    how the memories and state fractions are called in the message). With a cluster, each
+    instance has `memory` of its own: the same checks hold."""
     check_inputs(trace, profile, base)
     policies = check_policies(policies)
     if cluster is not None:
@@ -121,15 +138,20 @@ def _cells(
     check_paged(policies, trace, base, "policies")
     routers = check_cluster(routers, cluster, trace, base)
     strategies = {p: policy_strategy(p) for p in policies}
-    memories = check_reals(memories, "memories", low=0)
+    memories = check_reals(memories, names[0], low=0)
     fractions = [base.state_fraction]
     if state_fractions is not None:
-        fractions = check_reals(state_fractions, "state_fractions", low=0, high=1)
+        fractions = check_reals(state_fractions, names[1], low=0, high=1)
+    points = []
     for f in fractions:
         for m in memories:
             cfg = replace(base, memory_gb=m, state_fraction=f)
-            check_memory(trace, profile, cfg, strategies, "memories")
-    return build_cells(policies, memories, base, fractions, routers, cluster)
+            try:
+                points.append((cfg, check_memory(trace, profile, cfg, strategies, names[0])))
+            except ValueError as e:
+                at = f" (with {names[1]} {f:g})" if state_fractions is not None else ""
+                raise ValueError(f"{e}{at}") from None
+    return Checked(build_cells(policies, memories, base, fractions, routers, cluster), points)
 
 
 def _run(
