@@ -86,6 +86,7 @@ RULE_HOMES = {
     "block_size must be a positive int": "events/model.py",
     "unknown router": "replay/routers.py",
     "unknown dtype": "geometry/layers.py",
+    "must divide {what}": "geometry/cfgread.py",  # heads split a width (was in 3 places)
 }
 
 
