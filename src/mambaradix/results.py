@@ -14,18 +14,19 @@ How fields become keys (a field's `metadata`, made by the helpers below):
 - `flat()` (optional) or `field(metadata=FLAT)`: a nested result whose keys are spliced
   in at its place (an optional one omitted while None); a key already present keeps its
   place and takes the nested value;
-- `field(metadata=key(name))`: a key that is not an identifier (`"no cache"`).
-Everything else is always present (None as null). A dataclass that is not a result
-becomes `dataclasses.asdict`; lists and dicts are converted element by element.
+- `field(metadata=json_key(name))`: a key that is not an identifier (`"no cache"`).
+Everything else is always present (None as null). A value with a `to_json()` method
+becomes what it returns, another dataclass `dataclasses.asdict`; lists and dicts are
+converted element by element.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["FLAT", "JsonResult", "flat", "json_value", "key", "omitted"]
+__all__ = ["FLAT", "JsonResult", "ToJson", "flat", "json_key", "json_value", "omitted"]
 
 
 def omitted(default: Any = None) -> Any:
@@ -43,8 +44,8 @@ FLAT = {"flat": True}
 """The metadata of a required nested result spliced into its parent's JSON."""
 
 
-def key(name: str) -> dict[str, str]:
-    """The metadata of a field whose JSON key is `name`: `field(metadata=key(name))`."""
+def json_key(name: str) -> dict[str, str]:
+    """The metadata of a field whose JSON key is `name`: `field(metadata=json_key(name))`."""
     return {"key": name}
 
 
@@ -56,9 +57,18 @@ def json_value(value: Any) -> Any:
         return [json_value(v) for v in value]
     if isinstance(value, dict):
         return {k: json_value(v) for k, v in value.items()}
+    if isinstance(value, ToJson):
+        return value.to_json()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     return value
+
+
+@runtime_checkable
+class ToJson(Protocol):
+    """A value with its own JSON form (`to_json()`), used as it is."""
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 class JsonResult(Mapping[str, Any]):

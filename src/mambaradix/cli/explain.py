@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,9 +70,9 @@ def run(args: argparse.Namespace) -> int:
         structure = ideal(trace)
         runs = run_points(args, trace, profile, structure, policies, base, scale)
     bound = sum(r.bound_tokens for r in runs[0].requests)
-    summary = data(trace, profile, bound, runs)
-    summary["policies_left_out"] = left_out
-    summary["elapsed_s"] = elapsed = time.perf_counter() - start
+    result = replace(data(trace, profile, bound, runs), policies_left_out=left_out)
+    elapsed = time.perf_counter() - start
+    summary = replace(result, elapsed_s=elapsed).to_json()
     to_stdout = args.jsonl == "-"
     print(table(summary), file=sys.stderr if to_stdout else sys.stdout)
     write_outputs(summary, runs, args)
