@@ -23,8 +23,8 @@ from mambaradix.replay.checks import (
 )
 from mambaradix.replay.fit import TRACK_SLOTS, check_memory, fit, policy_fit, pools_for
 from mambaradix.replay.models import ModelProfile, get_profile
-from mambaradix.replay.results import ReplayResult
 from mambaradix.replay.policies import SINGLE_RUN, make_policy
+from mambaradix.replay.results import ReplayResult
 from mambaradix.replay.run import replay, replay_checked
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.sweep import sweep, table
