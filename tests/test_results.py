@@ -202,3 +202,29 @@ def test_engine_stats_keep_their_keys_and_prefix_the_host_tier() -> None:
     tiered = EngineStats(**counts, host={"loads": 1, "failed_loads": 0})  # type: ignore[arg-type]
     assert list(tiered.to_json()) == [*counts, "host_loads", "host_failed_loads"]
     assert tiered["host_loads"] == 1 and "host" not in tiered
+
+
+def test_the_strategy_is_its_name_and_knows_its_page_rule() -> None:
+    from mambaradix.lifecycle.strategy import (
+        EXTRA_BUFFER,
+        NO_BUFFER,
+        STRATEGIES,
+        Strategy,
+        check_strategy,
+    )
+
+    assert NO_BUFFER == "no_buffer" and EXTRA_BUFFER == "extra_buffer"
+    assert STRATEGIES == ("no_buffer", "extra_buffer") and ", ".join(STRATEGIES) == (
+        "no_buffer, extra_buffer"
+    )
+    assert (
+        f"{NO_BUFFER}" == str(NO_BUFFER) == "no_buffer" and json.dumps(NO_BUFFER) == '"no_buffer"'
+    )
+    assert Strategy("extra_buffer") is EXTRA_BUFFER and "no_buffer" in STRATEGIES
+    assert {NO_BUFFER: 0}["no_buffer"] == 0 and {"no_buffer": 0}[NO_BUFFER] == 0  # hashes too
+    # no_buffer checkpoints at exact token ends: pages of one token only
+    assert NO_BUFFER.takes_page(1) and not NO_BUFFER.takes_page(16)
+    assert EXTRA_BUFFER.takes_page(1) and EXTRA_BUFFER.takes_page(16)
+    assert check_strategy("no_buffer") == "no_buffer"
+    with pytest.raises(ValueError, match="strategy must be one of no_buffer, extra_buffer"):
+        check_strategy("buffer")
