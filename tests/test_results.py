@@ -228,3 +228,9 @@ def test_the_strategy_is_its_name_and_knows_its_page_rule() -> None:
     assert check_strategy("no_buffer") == "no_buffer"
     with pytest.raises(ValueError, match="strategy must be one of no_buffer, extra_buffer"):
         check_strategy("buffer")
+
+
+def test_the_oracle_reports_its_best_run_the_first_among_equals() -> None:
+    from mambaradix.replay.run import oracle_pick
+
+    assert oracle_pick([0.1, 0.3, 0.3, 0.2]) == 1 and oracle_pick([0.5]) == 0

@@ -24,10 +24,16 @@ def oracle_runs() -> list[str]:
     return [f"{FIXED_ALPHA}{a:g}" for a in ORACLE_ALPHAS]
 
 
+def oracle_pick(rates: Sequence[float]) -> int:
+    """Which of `marconi-oracle`'s runs it reports, from their token hit rates in grid
+    order: the highest, the first among equals."""
+    return max(range(len(rates)), key=rates.__getitem__)
+
+
 def oracle_result(runs: list[ReplayResult]) -> ReplayResult:
     """`marconi-oracle` from its runs: the one with the highest token hit rate
     (the first in grid order among equals), with every alpha's hit rate."""
-    best = max(runs, key=lambda r: r.token_hit_rate)
+    best = runs[oracle_pick([r.token_hit_rate for r in runs])]
     return replace(
         best,
         policy=ORACLE,
