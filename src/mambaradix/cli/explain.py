@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     with shown(not args.no_progress):
         trace = load_trace(args.trace, args.limit, scale)
         policies, left_out = pick_policies(args, trace, base)
-        check_sizes(trace, profile, base, policies, args)
+        check_sizes(trace, profile, base, policies, args, scale)
         structure = ideal(trace)
         runs = run_points(args, trace, profile, structure, policies, base, scale)
     bound = sum(r.bound_tokens for r in runs[0].requests)
