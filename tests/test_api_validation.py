@@ -635,7 +635,7 @@ def test_serving_config_takes_numpy_ints_as_ints() -> None:
     assert {k: v for k, v in got.items() if k not in wall} == {
         k: v for k, v in want.items() if k not in wall
     }
-    json.dumps(got)
+    json.dumps(got.to_json())
 
 
 POLICY_BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [

@@ -39,6 +39,7 @@ from mambaradix.validate import HOST_BYTES_PER_ID, available_bytes
 if TYPE_CHECKING:
     from mambaradix.replay.fit import Pools
     from mambaradix.replay.models import ModelProfile
+    from mambaradix.replay.results import SweepResult
     from mambaradix.replay.serving import ServingConfig
     from mambaradix.replay.sweep import Checked
     from mambaradix.replay.trace import Trace
@@ -191,12 +192,13 @@ def run(args: argparse.Namespace) -> int:
         plot_path = plot_target(args.plot, trace, profile) if plots(args, scale) else None
         check_outputs(plot_path, args.json, args.trace)
         checked = check_sizes(trace, profile, base, policies, args, scale)
-        data = run_sweep(args, trace, profile, policies, base, scale, checked)
-    data["policies_left_out"] = left_out
+        result = run_sweep(args, trace, profile, policies, base, scale, checked)
+    model = result.model
     if args.state_dtype != "auto" and profile.state_dtypes is not None:
-        data["model"]["state_dtype"] = args.state_dtype
-        data["model"]["changes_outputs"] = profile.state_dtypes.changes_outputs
-    data["elapsed_s"] = elapsed = time.perf_counter() - start
+        changes = profile.state_dtypes.changes_outputs
+        model = replace(model, state_dtype=args.state_dtype, changes_outputs=changes)
+    elapsed = time.perf_counter() - start
+    data = replace(result, model=model, policies_left_out=left_out, elapsed_s=elapsed).to_json()
     report = sys.stderr if is_stdout(plot_path) or is_stdout(args.json) else sys.stdout
     print(scale.table(data) if scale.cluster else table_text(data), file=report)
     warn_dropped(data, trace, profile, base)
@@ -252,7 +254,7 @@ def run_sweep(
     base: ServingConfig,
     scale: ScaleOut,
     checked: Checked,
-) -> dict[str, Any]:
+) -> SweepResult:
     from mambaradix.replay.sweep import sweep
 
     try:

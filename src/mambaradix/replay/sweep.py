@@ -4,12 +4,13 @@ processes, plus the bound; as JSON-ready data, a table and a plot."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any, BinaryIO, NamedTuple
 
 from mambaradix.replay.bound import bound_token_hit_rate
-from mambaradix.replay.cells import Cell, build_cells, row_key, run_sweep_cell
+from mambaradix.replay.cells import Cell, build_cells, cell_key, run_sweep_cell
 from mambaradix.replay.checks import (
     check_cluster,
     check_inputs,
@@ -26,6 +27,13 @@ from mambaradix.replay.fit import Fit, check_memory
 from mambaradix.replay.forked import run_forked
 from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.progress import Counter, counter
+from mambaradix.replay.results import (
+    Bound,
+    ModelInfo,
+    ReplayResult,
+    SweepResult,
+    TraceInfo,
+)
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.shards import Shard, shard_header
 from mambaradix.replay.trace import Trace
@@ -33,7 +41,7 @@ from mambaradix.replay.trace import Trace
 _WORK: tuple[Trace, ModelProfile] | None = None  # inherited by forked workers
 
 
-def _one(cell: Cell) -> dict[str, Any]:
+def _one(cell: Cell) -> ReplayResult:
     assert _WORK is not None
     return run_sweep_cell(_WORK, cell)
 
@@ -52,7 +60,7 @@ def sweep(
     routers: list[str] | None = None,
     cluster: ClusterSpec | None = None,
     checked: Checked | None = None,
-) -> dict[str, Any]:
+) -> SweepResult:
     """Every (state fraction, memory, policy) point; several state fractions
     sweep the split of memory between the KV pool and the state pool. With
     `routers` and `cluster`, every router too, over `cluster.instances`
@@ -78,35 +86,33 @@ def sweep(
     finally:
         bar.close()
     order = {cell.key: i for i, cell in enumerate(points)}
-    for r in results:
-        r["state_fraction"] = r["config"]["state_fraction"]
-        r["share_of_bound"] = r["token_hit_rate"] / bound if bound else 0.0
-    results.sort(key=lambda r: order[row_key(r)])
-    data = _data(trace, profile, bound, results)
-    if shard is not None:
-        data.update(shard_header(trace, profile, cells, shard))
-    return data
-
-
-def _data(
-    trace: Trace, profile: ModelProfile, bound: float, results: list[dict[str, Any]]
-) -> dict[str, Any]:
-    return {
-        "trace": {
-            "name": trace.name,
-            "requests": len(trace),
-            "prompt_tokens": trace.prompt_tokens,
-            "unit_tokens": trace.unit_tokens,
-            "source": trace.source,
-        },
-        "model": {
-            "name": profile.name,
-            "kv_bytes_per_token": profile.kv_bytes_per_token,
-            "state_bytes": profile.state_bytes,
-        },
-        "bound": {"token_hit_rate": bound},
-        "results": results,
-    }
+    rows = [
+        replace(
+            r,
+            state_fraction=r.config.state_fraction,
+            share_of_bound=r.token_hit_rate / bound if bound else 0.0,
+        )
+        for r in results
+    ]
+    rows.sort(key=lambda r: order[cell_key(r)])
+    header = shard_header(trace, profile, cells, shard) if shard is not None else None
+    return SweepResult(
+        trace=TraceInfo(
+            name=trace.name,
+            requests=len(trace),
+            prompt_tokens=trace.prompt_tokens,
+            unit_tokens=trace.unit_tokens,
+            source=trace.source,
+        ),
+        model=ModelInfo(
+            name=profile.name,
+            kv_bytes_per_token=profile.kv_bytes_per_token,
+            state_bytes=profile.state_bytes,
+        ),
+        bound=Bound(bound),
+        results=rows,
+        header=header,
+    )
 
 
 class Checked(NamedTuple):
@@ -161,7 +167,7 @@ def _run(
     workers: int,
     bar: Counter,
     executor: Executor | None,
-) -> list[dict[str, Any]]:
+) -> list[ReplayResult]:
     global _WORK
     _WORK = (trace, profile)
     try:
@@ -178,7 +184,7 @@ def _run(
         _WORK = None
 
 
-def table(data: dict[str, Any]) -> str:
+def table(data: Mapping[str, Any]) -> str:
     """The results as a fixed-width table, one row per (memory, policy). Hit
     rates are over all requests: `dropped` ones (never served) count as misses."""
     w = max([12] + [len(r["policy"]) for r in data["results"]])
@@ -208,7 +214,7 @@ def _seconds(x: float | None) -> str:
     return f"{'-':>9}" if x is None else f"{x:>8.3f}s"
 
 
-def _row(r: dict[str, Any], w: int) -> str:
+def _row(r: Mapping[str, Any], w: int) -> str:
     return (
         f"{r['memory_gb']:>5g}GB {r['policy']:<{w}} {r['token_hit_rate']:>8.1%} "
         f"{r['share_of_bound']:>8.1%} {r['request_hit_rate']:>8.1%} {r['dropped']:>7,} "
@@ -217,7 +223,7 @@ def _row(r: dict[str, Any], w: int) -> str:
     )
 
 
-def _mark_dropped(ax: Any, results: list[dict[str, Any]]) -> None:
+def _mark_dropped(ax: Any, results: list[Mapping[str, Any]]) -> None:
     """A black cross on every point at which some requests were dropped."""
     hit = [r for r in results if r["dropped"]]
     if hit:
@@ -232,7 +238,7 @@ def _mark_dropped(ax: Any, results: list[dict[str, Any]]) -> None:
         )
 
 
-def plot(data: dict[str, Any], path: str | BinaryIO) -> None:
+def plot(data: Mapping[str, Any], path: str | BinaryIO) -> None:
     """Token hit rate against memory, one line per policy, the bound as a line;
     a cross marks the points at which requests were dropped. The format
     follows `path`'s extension (a binary stream gets a PNG)."""
