@@ -255,7 +255,8 @@ def test_the_replay_cli_checks_each_memory_point_once(
     for module in (fit_module, sweep_module):  # wherever a check is looked up
         monkeypatch.setattr(module, "check_memory", counted)
     argv = ["replay", "--trace", "synthetic-multi-turn", "--limit", "12", "--memory", "1,2",
-            "--policy", "sglang,mambaradix", "--workers", "1", "--no-plot", "--no-progress"]  # fmt: skip
+            "--policy", "sglang,mambaradix", "--workers", "1", "--no-plot",
+            "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     assert calls == [1.0, 2.0]
     capsys.readouterr()
