@@ -33,6 +33,7 @@ from mambaradix.engine.checks import (
     check_generate_args,
     check_host_tier,
     check_store_tier,
+    check_tier_rules,
     memory_shortfall,
 )
 from mambaradix.engine.deterministic import GridCheckpoints
@@ -41,6 +42,7 @@ from mambaradix.engine.forward import TorchForward
 from mambaradix.engine.models import build_model
 from mambaradix.engine.tiers import HostTier, TierLookup
 from mambaradix.lifecycle import CacheManager, Evictor, Request, lru_evictor
+from mambaradix.lifecycle.tier_write import WritePolicy
 from mambaradix.pools import (
     PagedKVAllocator,
     ReqToTokenTable,
@@ -55,6 +57,7 @@ from mambaradix.scheduler import (
     Sequence,
     SGLangCheckpoints,
 )
+from mambaradix.tiers.cost import LoadRule
 
 __all__ = ["Engine", "Result", "TorchForward"]
 
@@ -117,7 +120,12 @@ class Engine:
     that many slots and tokens, and loaded back when a later request's prefix
     is there (both 0: no host tier; both > 0 with the cache on).
     store_dir / store_gb: a file store (L3) below the host tier, of that many
-    GB: what the host drops is written there (`engine.tier_store`).
+    GB: what the host drops is written there (`engine.tier_store`); it is read back
+    by a later engine on the same directory, model and layout.
+    tier_write: when units go down to the host ("back", "through",
+    "through-selective" or a `WritePolicy`, `lifecycle.tier_write`). tier_cost: a
+    `tiers.cost.LoadRule` to load or recompute each hit by cost (None: load the
+    deepest hit).
     """
 
     def __init__(
@@ -148,6 +156,8 @@ class Engine:
         host_kv_tokens: int = 0,
         store_dir: str | os.PathLike[str] | None = None,
         store_gb: float = 0.0,
+        tier_write: str | WritePolicy = "back",
+        tier_cost: LoadRule | None = None,
     ) -> None:
         check_engine_args(
             model=model,
@@ -174,6 +184,7 @@ class Engine:
         )
         host_tier = check_host_tier(prefix_cache, host_state_slots, host_kv_tokens)
         store_bytes = check_store_tier(host_tier, store_dir, store_gb)
+        write = check_tier_rules(host_tier, tier_write, tier_cost)
         self.device = resolve_device(device)
         dtype = check_dtype(dtype)
         if net is not None:
@@ -201,8 +212,9 @@ class Engine:
         if host_tier:
             store = None if store_dir is None else (store_dir, store_bytes, str(model))
             self.host_tier = HostTier(
-                self.mgr, self.adapter, host_state_slots, host_kv_tokens, self.device, store
-            )
+                self.mgr, self.adapter, host_state_slots, host_kv_tokens, self.device, store,
+                write, tier_cost,
+            )  # fmt: skip
             policy = TierLookup(policy, self.host_tier)
         self.scheduler = Scheduler(self.mgr, self.forward, policy, cfg)
         self._stats = dict.fromkeys(
@@ -255,6 +267,8 @@ class Engine:
             for seq in seqs:  # free what the failed call holds: the engine stays usable
                 self.scheduler.abort(seq)
             raise
+        if self.host_tier is not None:
+            self.host_tier.execute()  # write-through copies of the last inserts
         return [self._result(seq, t0) for seq in seqs]
 
     def _result(self, seq: Sequence, t0: float) -> Result:
@@ -306,6 +320,8 @@ class Engine:
         """Drop everything the tree caches (no request may be running)."""
         if self.mgr.active:
             raise RuntimeError("requests are running")
+        if self.host_tier is not None:
+            self.host_tier.execute()  # copies queued from units the reset frees
         r = self.mgr.tree.reset()
         if r.freed_kv:
             self.mgr.kv.free(r.freed_kv)

@@ -17,13 +17,30 @@ from mambaradix.pools.store_io import StoreIO, cache_namespace
 from mambaradix.pools.transfer import Group, Mover
 from mambaradix.tiers import KV, MAMBA, FileStore, ObjectKey
 
-__all__ = ["StoreTier", "store_hash"]
+__all__ = ["StoreTier", "layer_key", "store_hash"]
 
 
 def store_hash(h: object) -> str:
     """A layer key's prefix hash (a Python int) as the store's 64-hex page key."""
     assert isinstance(h, int)
     return f"{h % 2**64:064x}"
+
+
+def layer_key(base: str) -> Key | None:
+    """The layer key an object name (without its namespace suffix) stands for: the
+    inverse of `store_hash` (the prefix hash back in Python's signed 64-bit range) and
+    of HiCache's pool suffix; None for a name that is not one of ours."""
+    page, dot, pool = base.partition(".")
+    if len(page) != 64 or (dot and pool != MAMBA):
+        return None
+    try:
+        value = int(page, 16)
+    except ValueError:
+        return None
+    if value >= 2**64:
+        return None
+    h = value - 2**64 if value >= 2**63 else value
+    return ("st", h, 0) if dot else ("kv", h)
 
 
 class StoreTier:
@@ -56,8 +73,23 @@ class StoreTier:
         self.store.delete([self.object_key(key)])
 
     def objects(self) -> int:
-        """Objects in the store's directory (its ``.bin`` files)."""
-        return sum(f.endswith(".bin") for _, _, files in os.walk(self.store.root) for f in files)
+        """Objects of this model and layout in the store's directory (its ``.bin`` files
+        with this namespace's suffix)."""
+        return len(self.found())
+
+    def found(self) -> list[Key]:
+        """The layer keys of this namespace's objects in the directory, least recently
+        written first (a store another engine, maybe another process, wrote: the cache
+        survives a restart). Objects of another model or layout, or of names not ours, are
+        passed over."""
+        tail = self.store.namespace.suffix + ".bin"
+        seen = []
+        with os.scandir(self.store.root) as entries:
+            for entry in entries:
+                key = layer_key(entry.name[: -len(tail)]) if entry.name.endswith(tail) else None
+                if key is not None and entry.is_file(follow_symlinks=False):
+                    seen.append((entry.stat().st_mtime_ns, entry.name, key))
+        return [key for _, _, key in sorted(seen)]
 
     def holds(self, keys: Sequence[Key]) -> list[bool]:
         return self.store.exists([self.object_key(k) for k in keys])

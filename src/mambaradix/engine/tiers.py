@@ -33,19 +33,23 @@ from mambaradix.engine.tier_store import StoreTier
 from mambaradix.lifecycle import CacheManager, Evictor, Request
 from mambaradix.lifecycle.tier_lru import LowerTier
 from mambaradix.lifecycle.tier_restore import restore
+from mambaradix.lifecycle.tier_write import WritePolicy
 from mambaradix.lifecycle.tiers import (
     HOST,
     STORE,
     Action,
+    Candidate,
     Demote,
     Drop,
     Key,
     LowerTiers,
     Residency,
     TierTracker,
+    cheapest,
 )
 from mambaradix.pools.host import HostKVPool, HostPool, HostStatePool, kv_group, state_group
 from mambaradix.pools.transfer import Group, Mover
+from mambaradix.tiers.cost import LoadRule
 
 __all__ = ["HostTier", "TierLookup"]
 
@@ -61,9 +65,13 @@ class HostTier:
         kv_tokens: int,
         device: Any,
         store: tuple[str | os.PathLike[str], int, str] | None = None,
+        write: WritePolicy = WritePolicy.WRITE_BACK,
+        rule: LoadRule | None = None,
     ) -> None:
-        """`store`: (directory, capacity in bytes, model name) of a file store below."""
-        self.mgr = mgr
+        """`store`: (directory, capacity in bytes, model name) of a file store below.
+        `write`: when units go down (`lifecycle.tier_write`). `rule`: load or recompute
+        each hit by cost (`lifecycle.tiers.cheapest`; None: load the deepest)."""
+        self.mgr, self.rule = mgr, rule
         self.groups: dict[str, Group] = {
             "st": state_group(adapter.states),
             "kv": kv_group(adapter.k, adapter.v),
@@ -84,16 +92,29 @@ class HostTier:
             root, store_bytes, model = store
             self.store = StoreTier(root, model, self.groups["st"], self.groups["kv"], self.mover)
         self.tiers = LowerTiers(host, LowerTier(STORE, store_bytes), sink=self.queue.append)
-        self.tracker = TierTracker(self.tiers, kv_bytes, st_bytes)
+        self.tracker = TierTracker(self.tiers, kv_bytes, st_bytes, write=write)
         self.residency = Residency(self.tiers, self.tracker, mgr.page_size)
         self.units: dict[Key, int] = {}  # key -> its host unit (written or being written)
         self.missed: list[Key] = []  # store misses of the load in progress
-        self.stats = {"loads": 0, "loaded_kv_tokens": 0, "failed_loads": 0}
+        self.stats = {"loads": 0, "loaded_kv_tokens": 0, "failed_loads": 0, "recomputed": 0}
+        self.stats |= {"store_found": self._adopt_store(kv_bytes, st_bytes)}
         self.stats |= {"demoted_kv_tokens": 0, "demoted_states": 0, "store_writes": 0}
         self.stats |= {"store_deletes": 0}
         self.stats |= {"store_loaded_kv_tokens": 0, "store_loaded_states": 0, "store_misses": 0}
         mgr.tree.add_listener(self.tracker)
         mgr.evictor = self.evictor(mgr.evictor)
+
+    def _adopt_store(self, kv_bytes: int, st_bytes: int) -> int:
+        """List what the store already holds of this model and layout (an earlier
+        engine's writes), oldest first, in the store's LRU; delete what does not fit.
+        Returns how many objects were taken."""
+        if self.store is None:
+            return 0
+        found = self.store.found()
+        for key in found:
+            for old in self.tiers.adopt(key, kv_bytes if key[0] == "kv" else st_bytes):
+                self.store.delete(old)
+        return len(found)
 
     # ---------------------------------------------------------------- demotion
 
@@ -167,13 +188,19 @@ class HostTier:
     # ------------------------------------------------------------------- loads
 
     def before_match(self, req: Request) -> None:
-        """Load the deepest prefix of `req` the host tier can give past the device's."""
+        """Load the prefix of `req` the tiers can give past the device's: the deepest, or
+        by cost (`rule`): the one that saves the most seconds, if any."""
+        self.execute()  # write-through copies queued by inserts since: visible first
         key = req.tokens[: req.total_len - 1]
         m = self.mgr.tree.match_prefix(key, req.extra_key, read_only=True)
         cands = self.residency.plan(key, m.prefix_len, m.kv_hit_len)
-        if not cands:
+        if self.rule is None:
+            choice = cands[-1] if cands else None
+        else:
+            choice = self._cheapest(cands, m.prefix_len)
+        if choice is None:
             return
-        depth = cands[-1].depth
+        depth = choice.depth
         # the allocation below may demote into the host: what this load reads is pinned
         # (a host lock), so those demotions pass over it
         pins = self.residency.pin(self.residency.restore_plan(key, depth, m.kv_hit_len))
@@ -198,6 +225,18 @@ class HostTier:
             self.residency.restored(done.result.node, depth, key)
         self.residency.touch(key, depth)
         self.stats["loads"] += 1
+
+    def _cheapest(self, cands: list[Candidate], start: int) -> Candidate | None:
+        if not cands:
+            return None
+        rule = self.rule
+        assert rule is not None
+        choice = cheapest(
+            cands, start, lambda c: rule.load_s(c.host_bytes, c.store_bytes), rule.recompute_s
+        )
+        if choice is None:
+            self.stats["recomputed"] += 1
+        return choice
 
     def _load(self, pieces: list[tuple[Key, int, str]]) -> bool:
         """Copy each (key, device unit, tier) in; False if the store missed any (those
@@ -270,3 +309,7 @@ class TierLookup:
     def before_match(self, req: Request) -> None:
         self.tier.before_match(req)
         self.inner.before_match(req)
+
+    def on_admitted(self, req: Request) -> None:
+        self.tier.residency.hit(req.node)  # write-through counts hits
+        self.inner.on_admitted(req)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from mambaradix.core.node import TreeNode
 from mambaradix.lifecycle.tier_lru import LowerTier
+from mambaradix.lifecycle.tier_write import SELECTIVE_HITS, WritePolicy, write_threshold
 
 ROOT_HASH = 0
 HOST, STORE = "host", "store"
@@ -93,6 +94,7 @@ class TierStats:
     failed: int = 0  # restores with no device memory for them
     demoted_bytes: dict[str, int] = field(default_factory=lambda: {HOST: 0, STORE: 0})
     dropped_bytes: int = 0  # fell out of the last tier
+    unbacked_bytes: int = 0  # left the device with no copy below (write-through policies)
 
 
 class LowerTiers:
@@ -130,6 +132,16 @@ class LowerTiers:
         if key in self.host:
             self._write(key, HOST, nbytes, source)
 
+    def release(self, key: Key, nbytes: int) -> None:
+        """The device let go of `key` under a write-through policy: its copy below, if
+        any, becomes the most recent there; with none its bytes are gone (counted)."""
+        if key in self.host:
+            self.host.touch(key)
+        elif key in self.store:
+            self.store.touch(key)
+        else:
+            self.stats.unbacked_bytes += nbytes
+
     def _to_store(self, key: Key, nbytes: int, source: int | None) -> None:
         if key in self.store:
             self.store.touch(key)
@@ -152,6 +164,12 @@ class LowerTiers:
         if self.sink is not None:
             self.unwritten.discard((tier, key))
             self.sink(Drop(key, tier))
+
+    def adopt(self, key: Key, nbytes: int) -> list[Key]:
+        """`key`'s bytes are in the store already (found there at start: a store outlives
+        its process): listed, written, as its most recent entry. Returns the entries that
+        no longer fit (the caller deletes them), with no action."""
+        return [old for old, _ in self.store.put(key, nbytes)]  # type: ignore[misc]
 
     def written(self, key: Key, tier: str) -> None:
         """The caller wrote `key`'s bytes into `tier`: from now on `where` finds them (a
@@ -181,8 +199,10 @@ class LowerTiers:
 
 
 class TierTracker:
-    """A tree listener: each node's prefix hashes; demotes what the tree lets go of.
-    `prompt_only`: demote only states at positions some prompt reached (`note_prompt`;
+    """A tree listener: each node's prefix hashes; copies units down as its write policy
+    says (`lifecycle.tier_write`): what the tree lets go of (write-back), or what it caches
+    once a node has been hit `hits` times (write-through: once, on the insert that adds it).
+    `prompt_only`: copy only states at positions some prompt reached (`note_prompt`;
     vLLM offloads no decode-phase state, vllm #56972). `state_groups`: entries per state."""
 
     def __init__(
@@ -192,15 +212,20 @@ class TierTracker:
         state_bytes: int,
         state_groups: int = 1,
         prompt_only: bool = False,
+        write: WritePolicy = WritePolicy.WRITE_BACK,
+        hits: int = SELECTIVE_HITS,
     ) -> None:
         self.tiers, self.state_groups, self.prompt_only = tiers, state_groups, prompt_only
         self.kv_unit_bytes = kv_unit_bytes
         self.group_bytes = -(-state_bytes // state_groups)
+        self.write, self.threshold = write, write_threshold(write, hits)
         self.spans: dict[TreeNode, tuple[int, int]] = {}  # node -> (start hash, end hash)
         self.slots: dict[TreeNode, int] = {}  # node -> its state's slot (gone at a tombstone)
         self.prompt_ends: set[int] = set()  # prefix hashes some prompt reached
         self.prompt_states: set[TreeNode] = set()  # states added at a prompt position
         self.restored: dict[TreeNode, tuple[int, int]] = {}  # node -> (depth, hash) loaded
+        self.hits: dict[TreeNode, int] = {}  # write-through: a node's hits so far
+        self.backed: set[TreeNode] = set()  # write-through: nodes copied down (states too)
 
     def state_keys(self, end: int) -> list[Key]:
         return [("st", end, g) for g in range(self.state_groups)]
@@ -210,36 +235,55 @@ class TierTracker:
         parent = node.parent
         start = self.spans[parent][1] if parent in self.spans else ROOT_HASH
         self.spans[node] = (start, chain(start, node.key))
+        if self.threshold is not None:
+            self.hits[node] = 1  # the insert that adds a node is its first hit (SGLang's)
+            self._write_through(node)
 
     def node_split(self, upper: TreeNode, lower: TreeNode) -> None:
         start, end = self.spans[lower]
         mid = chain(start, upper.key)
         self.spans[upper] = (start, mid)
         self.spans[lower] = (mid, end)
+        if lower in self.hits:  # the upper part keeps the node's count and copies
+            self.hits[upper] = self.hits[lower]
+        if lower in self.backed:
+            self.backed.add(upper)
 
     def node_removed(self, node: TreeNode) -> None:
         start, _ = self.spans.pop(node)
         self.prompt_states.discard(node)
         self.restored.pop(node, None)
-        h, demote, nbytes = start, self.tiers.demote, self.kv_unit_bytes
+        self.hits.pop(node, None)
+        self.backed.discard(node)
+        h, nbytes, tiers = start, self.kv_unit_bytes, self.tiers
         for u, index in zip(node.key, node.value, strict=True):
             h = hash((h, u))
-            demote(("kv", h), nbytes, index)
+            if self.threshold is None:
+                tiers.demote(("kv", h), nbytes, index)
+            else:  # copied down already, if ever: the device copy just goes
+                tiers.release(("kv", h), nbytes)
 
     def state_added(self, node: TreeNode) -> None:
         if node.state is not None:
             self.slots[node] = node.state
         if self.spans[node][1] in self.prompt_ends:
             self.prompt_states.add(node)
+        if node in self.backed:
+            self._state_down(node)
 
     def state_removed(self, node: TreeNode) -> None:
         slot = self.slots.pop(node, None)
         at_prompt = node in self.prompt_states
         self.prompt_states.discard(node)
         self.restored.pop(node, None)
+        keys = self.state_keys(self.spans[node][1])
+        if self.threshold is not None:
+            for key in keys:
+                self.tiers.release(key, self.group_bytes)
+            return
         if self.prompt_only and not at_prompt:
             return  # vLLM offloads no decode-phase state (vllm #56972)
-        for key in self.state_keys(self.spans[node][1]):
+        for key in keys:
             self.tiers.demote(key, self.group_bytes, slot)
 
     def tree_reset(self) -> None:
@@ -247,6 +291,39 @@ class TierTracker:
         self.slots.clear()
         self.prompt_states.clear()
         self.restored.clear()
+        self.hits.clear()
+        self.backed.clear()
+
+    # write-through
+    def hit(self, node: TreeNode | None) -> None:
+        """A request was admitted on the prefix ending at `node`: each node on its path
+        counts a hit; those reaching the policy's threshold are copied down."""
+        if self.threshold is None:
+            return
+        while node is not None and node in self.spans:
+            self.hits[node] += 1
+            self._write_through(node)
+            node = node.parent
+
+    def _write_through(self, node: TreeNode) -> None:
+        """Copy `node`'s KV and state down once its hits reach the threshold."""
+        assert self.threshold is not None
+        if node in self.backed or self.hits[node] < self.threshold:
+            return
+        self.backed.add(node)
+        h, demote, nbytes = self.spans[node][0], self.tiers.demote, self.kv_unit_bytes
+        for u, index in zip(node.key, node.value, strict=True):
+            h = hash((h, u))
+            demote(("kv", h), nbytes, index)
+        if node in self.slots:
+            self._state_down(node)
+
+    def _state_down(self, node: TreeNode) -> None:
+        """Copy `node`'s state down from its slot (the KV it depends on went first)."""
+        if self.prompt_only and node not in self.prompt_states:
+            return
+        for key in self.state_keys(self.spans[node][1]):
+            self.tiers.demote(key, self.group_bytes, self.slots[node])
 
 
 # ----------------------------------------------------------------------- lookup
@@ -259,6 +336,23 @@ class Candidate:
     store_bytes: int  # bytes it takes from the store (they cross the host link too)
     saved_s: float = 0.0  # recompute seconds - load seconds (the replay's rule)
     load_s: float = 0.0
+
+
+def cheapest(
+    cands: list[Candidate],
+    start: int,
+    load_s: Callable[[Candidate], float],
+    recompute_s: Callable[[int, int], float],
+) -> Candidate | None:
+    """The per-hit choice to load or recompute (the replay's and the engine's): each
+    candidate's load seconds and the seconds it saves (recomputing its units past the
+    device's `start`, `recompute_s(start, units)`, minus loading them); the candidate that
+    saves the most, or None when recomputing is cheaper for every one."""
+    for c in cands:
+        c.load_s = load_s(c)
+        c.saved_s = recompute_s(start, c.depth - start) - c.load_s
+    best = max(cands, key=lambda c: c.saved_s, default=None)
+    return best if best is not None and best.saved_s > 0 else None
 
 
 @dataclass(frozen=True)
@@ -361,6 +455,10 @@ class Residency:
                 self.tiers.touch(("kv", h))
         for k in self.tracker.state_keys(h):
             self.tiers.touch(k)
+
+    def hit(self, node: TreeNode | None) -> None:
+        """A request was admitted on the prefix ending at `node` (`TierTracker.hit`)."""
+        self.tracker.hit(node)
 
     def note_prompt(self, key: Sequence[int]) -> None:
         """With `prompt_only`: the prefix hashes a prompt reaches."""
