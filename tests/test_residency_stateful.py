@@ -33,6 +33,7 @@ from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager, lru_evictor
 from mambaradix.lifecycle.tier_lru import ByteLRU, LowerTier
 from mambaradix.lifecycle.tier_restore import restore
+from mambaradix.lifecycle.tier_write import WritePolicy
 from mambaradix.lifecycle.tiers import (
     HOST,
     STORE,
@@ -63,6 +64,8 @@ def key_hash(prefix: Prefix) -> int:
 
 
 class ResidencyMachine(RuleBasedStateMachine):
+    WRITE = WritePolicy.WRITE_BACK
+
     def __init__(self) -> None:
         super().__init__()
         self.tree = MambaRadixCache(page_size=1)
@@ -74,7 +77,7 @@ class ResidencyMachine(RuleBasedStateMachine):
         store = LowerTier(STORE, 12 * KV_BYTES + 3 * ST_BYTES, kv_bytes=12 * KV_BYTES)
         self.queue: list[Any] = []
         self.tiers = LowerTiers(host, store, sink=self.queue.append)
-        self.tracker = TierTracker(self.tiers, KV_BYTES, ST_BYTES)
+        self.tracker = TierTracker(self.tiers, KV_BYTES, ST_BYTES, write=self.WRITE)
         self.res = Residency(self.tiers, self.tracker, page=1)
         self.tree.add_listener(self.tracker)
         self.device_kv: dict[int, Prefix] = {}  # KV index -> its bytes
@@ -83,15 +86,31 @@ class ResidencyMachine(RuleBasedStateMachine):
         self.in_flight: set[tuple[str, Hashable]] = set()
         self.left: set[tuple[str, Prefix]] = set()  # ("kv"|"st", prefix) that left the device
         self.dropped: set[tuple[str, Hashable]] = set()
+        self.copied: set[Hashable] = set()  # keys ever copied down from a device unit
+        self.hits: dict[Prefix, int] = {}  # KV unit on the device -> hits (write-through)
+        self.unbacked = 0  # bytes that left the device with no copy below (write-through)
 
     # ---------------------------------------------------------------- execution
 
     def evict(self, tree: MambaRadixCache, kv: int, states: int) -> Any:
-        before = self.on_device()
+        assert not self.queue  # write-through copies were carried out after each insert
+        held = {k for (_, k) in self.below}
         result = lru_evictor(tree, kv, states)
-        self.left |= before - self.on_device()
+        leaving = [("kv", self.device_kv[i]) for i in result.freed_kv]
+        leaving += [("st", self.device_st[s]) for s in result.freed_states]
+        self.left |= set(leaving)
+        if self.WRITE is not WritePolicy.WRITE_BACK:  # no copy below: gone, counted
+            self.unbacked += sum(
+                KV_BYTES if kind == "kv" else ST_BYTES
+                for kind, prefix in leaving
+                if self.key_of(kind, prefix) not in held
+            )
         self.execute()  # before the caller frees the units
         return result
+
+    @staticmethod
+    def key_of(kind: str, prefix: Prefix) -> tuple[Hashable, ...]:
+        return ("kv", key_hash(prefix)) if kind == "kv" else ("st", key_hash(prefix), 0)
 
     def execute(self) -> None:
         while self.queue:
@@ -107,6 +126,7 @@ class ResidencyMachine(RuleBasedStateMachine):
                 data = self.below[(HOST, a.key)]
             else:
                 data = (self.device_kv if a.key[0] == "kv" else self.device_st)[a.source]
+                self.copied.add(a.key)
             self.below[(a.tier, a.key)] = data
             self.in_flight.add((a.tier, a.key))
 
@@ -133,9 +153,20 @@ class ResidencyMachine(RuleBasedStateMachine):
         self.sync_freed()
         for i, index in enumerate(kv):
             self.device_kv[index] = tuple(seq[: m.prefix_len + i + 1])
+            self.hits.setdefault(self.device_kv[index], 1)  # added: its first hit
         self.device_st[slot] = tuple(seq)
         r = self.tree.insert(seq, array("q", m.kv_indices) + kv, slot, m.prefix_len)
+        self.execute()  # write-through copies, before any unit is freed
         self.free(r.freed_kv, [slot] if r.state_existed else [])
+
+    @rule(seq=SEQS)
+    def admit(self, seq: list[int]) -> None:
+        """A request admitted on its device match: a hit on every node of the path."""
+        m = self.tree.match_prefix(seq, read_only=True)
+        self.res.hit(m.node)
+        self.execute()
+        for i in range(1, m.prefix_len + 1):
+            self.hits[tuple(seq[:i])] += 1
 
     @rule(n=st.integers(1, 3))
     def evict_states(self, n: int) -> None:
@@ -171,6 +202,7 @@ class ResidencyMachine(RuleBasedStateMachine):
             p = self.res.restore_plan(seq, got[-1], kv_on_device)
             for i, key, tier in p.kv:
                 self.device_kv[kv[i - start]] = self.below[(tier, key)]
+                self.hits.setdefault(self.below[(tier, key)], 1)
             ((key, tier),) = p.state
             self.device_st[slot] = self.below[(tier, key)]
             return True
@@ -179,6 +211,7 @@ class ResidencyMachine(RuleBasedStateMachine):
         pins = self.res.pin(self.res.restore_plan(seq, got[-1], m.kv_hit_len))  # host locks
         done = restore(self.cache, seq, None, got[-1], self.res.usable, load)
         self.res.unpin(pins)
+        self.execute()  # write-through copies of what the insert added
         self.sync_freed()  # restore gave back the duplicates it did not insert
         if done is not None:
             assert done.result.node is not None
@@ -191,7 +224,7 @@ class ResidencyMachine(RuleBasedStateMachine):
 
     def free(self, kv: Any, slots: list[int]) -> None:
         for i in kv:
-            del self.device_kv[i]
+            self.drop_unit(i)
         self.cache.kv.free(kv)
         for s in slots:
             del self.device_st[s]
@@ -200,9 +233,14 @@ class ResidencyMachine(RuleBasedStateMachine):
     def sync_freed(self) -> None:
         """Forget the bytes of units the pools got back."""
         for i in [i for i in self.device_kv if self.cache.kv.is_free(i)]:
-            del self.device_kv[i]
+            self.drop_unit(i)
         for s in [s for s in self.device_st if self.cache.slots.is_free(s)]:
             del self.device_st[s]
+
+    def drop_unit(self, index: int) -> None:
+        prefix = self.device_kv.pop(index)
+        if prefix not in self.device_kv.values():  # not a duplicate the insert freed
+            self.hits.pop(prefix, None)
 
     # ----------------------------------------------------------------- the model
 
@@ -239,9 +277,19 @@ class ResidencyMachine(RuleBasedStateMachine):
             else:
                 assert shown
         held = {k for (_, k) in self.below}
-        for kind, prefix in self.left:
-            key = ("kv", key_hash(prefix)) if kind == "kv" else ("st", key_hash(prefix), 0)
-            assert key in held or key in self.dropped or (kind, prefix) in self.on_device()
+        for kind, prefix in self.left:  # conservation: below, dropped, back, or counted gone
+            key = self.key_of(kind, prefix)
+            assert (
+                key in held or key in self.dropped or (kind, prefix) in self.on_device()
+                or (self.WRITE is not WritePolicy.WRITE_BACK and key not in self.copied)
+            )  # fmt: skip
+        assert self.tiers.stats.unbacked_bytes == self.unbacked
+        if self.WRITE is not WritePolicy.WRITE_BACK:  # hit often enough: went down
+            need = 1 if self.WRITE is WritePolicy.WRITE_THROUGH else 2
+            for kind, prefix in self.on_device():
+                key = self.key_of(kind, prefix)
+                if self.hits[prefix] >= need:
+                    assert key in self.copied and (key in held or key in self.dropped)
 
     @invariant()
     def device_holds_its_paths(self) -> None:
@@ -259,16 +307,36 @@ class ResidencyMachine(RuleBasedStateMachine):
                 stack.append((child, path))
 
 
+class WriteThrough(ResidencyMachine):
+    WRITE = WritePolicy.WRITE_THROUGH
+
+
+class WriteThroughSelective(ResidencyMachine):
+    WRITE = WritePolicy.WRITE_THROUGH_SELECTIVE
+
+
 class LongerRuns(ResidencyMachine):
     pass
 
 
-ResidencyMachine.TestCase.settings = settings(
-    max_examples=50, stateful_step_count=40, deadline=None
-)
-LongerRuns.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+class LongerRunsThrough(WriteThrough):
+    pass
+
+
+class LongerRunsSelective(WriteThroughSelective):
+    pass
+
+
+for machine in (ResidencyMachine, WriteThrough, WriteThroughSelective):
+    machine.TestCase.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)
+for machine in (LongerRuns, LongerRunsThrough, LongerRunsSelective):
+    machine.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 test_residency_against_a_brute_force_model = ResidencyMachine.TestCase
+test_residency_write_through = WriteThrough.TestCase
+test_residency_write_through_selective = WriteThroughSelective.TestCase
 test_residency_against_a_brute_force_model_longer = pytest.mark.slow(LongerRuns.TestCase)
+test_residency_write_through_longer = pytest.mark.slow(LongerRunsThrough.TestCase)
+test_residency_write_through_selective_longer = pytest.mark.slow(LongerRunsSelective.TestCase)
 
 
 def test_a_pinned_entry_is_passed_over_by_eviction() -> None:
