@@ -208,3 +208,46 @@ def test_batches_with_a_host_tier_keep_the_prefill_exact(net: Any) -> None:
             (want,) = plain.generate([p], max_new_tokens=1)
             assert torch.equal(g.logits[0], want.logits[0])
     assert eng.stats()["host_loads"] > 0
+
+
+@pytest.mark.parametrize(
+    "write", ["through", pytest.param("through-selective", marks=pytest.mark.slow)]
+)
+def test_round_trips_under_pressure_in_every_write_mode(net: Any, write: str) -> None:
+    """Write-through and write-through-selective (write-back is the tests above): random
+    heads and cuts with a host too small for them; outputs exact, invariants each call."""
+    eng = run(net, seed=2, n=14, host_slots=4, host_kv=96, shuffle=True, tier_write=write)
+    s = eng.stats()
+    assert s["host_loads"] > 0 and s["host_demoted_states"] > 0
+
+
+def test_write_through_copies_heads_while_on_the_device(net: Any) -> None:
+    """Heads in turn, write-through: each prompt's units go to the host when cached, so
+    a head is below before the device ever evicts it; the host holds copies of what the
+    device holds too, so it is given room for the three last prompts (240 tokens, 12
+    states); every returning head loads its 48 tokens, outputs exact."""
+    eng = engine(
+        net, kv_tokens=64, state_slots=3, host_state_slots=12, host_kv_tokens=240,
+        tier_write="through",
+    )  # fmt: skip
+    todo = prompts(1, 9, False)
+    check_against_uncached(net, eng, todo[:1])
+    s = eng.stats()
+    assert s["evicted_kv_tokens"] == 0 and s["host_demoted_kv_tokens"] > 0  # below already
+    check_against_uncached(net, eng, todo[1:])
+    s = eng.stats()
+    assert s["host_loads"] == 6 and s["host_loaded_kv_tokens"] == s["cached_tokens"] == 6 * 48
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("write", ["through", "through-selective"])
+def test_write_modes_with_a_store(net: Any, store_dir: Path, write: str) -> None:
+    """Heads in turn over a small host and a store. Write-through: the heads come back
+    from below. Selective: the device (64 tokens) evicts each prompt before its head is
+    hit a second time, so no head is ever copied down and nothing loads."""
+    eng = run(net, 1, 9, 2, 24, False, store_dir=store_dir, store_gb=1.0, tier_write=write)
+    s = eng.stats()
+    if write == "through":
+        assert s["host_loads"] == 6 and s["host_store_loaded_states"] > 0
+    else:
+        assert s["host_loads"] == 0 and s["host_demoted_kv_tokens"] == 0
