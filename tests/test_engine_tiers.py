@@ -22,6 +22,7 @@ import torch
 from engine_device import ENGINE_DEVICE as DEVICE
 from engine_device import engine_net
 from mambaradix.engine import Engine
+from mambaradix.tiers.cost import HitCost, Link, LoadRule, Prefill
 
 GRID = 16
 NEW = 3
@@ -251,3 +252,85 @@ def test_write_modes_with_a_store(net: Any, store_dir: Path, write: str) -> None
         assert s["host_loads"] == 6 and s["host_store_loaded_states"] > 0
     else:
         assert s["host_loads"] == 0 and s["host_demoted_kv_tokens"] == 0
+
+
+# a rule whose break-even is 32 tokens, by hand: recomputing n tokens takes n / 32 s (1
+# FLOP per token at 32 FLOP/s, no attention term), a load 1 s (the link's latency; its
+# bandwidth is so high that the bytes add ~1e-25 s)
+HAND_RULE = LoadRule(
+    HitCost("hand", 0, 0, linear_flops_per_token=1, attn_flops_per_pair=0),
+    Prefill("hand", 32.0, 1.0, "by hand"),
+    host=Link("hand", 1e30, 1.0, "by hand"),
+    store=Link("hand", 1e30, 1.0, "by hand"),
+)
+
+
+@pytest.mark.slow
+def test_the_engine_loads_or_recomputes_each_hit_by_cost(net: Any) -> None:
+    """Under `HAND_RULE`, with everything evicted to the host between: a prompt sharing a
+    16-token head with the host (its state at 16) recomputes it (16 / 32 = 0.5 s < 1 s);
+    one sharing a 48-token head loads all 48 (1.5 s > 1 s; depth 32 would save nothing,
+    1.0 s against 1 s plus the bytes). Without the rule both load. Outputs exact."""
+    rng = random.Random(11)
+    head_s, head_l = (
+        [rng.randrange(1024) for _ in range(16)],
+        [rng.randrange(1024) for _ in range(48)],
+    )
+
+    def tail(n: int) -> list[int]:
+        return [rng.randrange(1024) for _ in range(n)]
+
+    short1, long1, fill1 = head_s + tail(24), head_l + tail(9), tail(57)
+    short2, fill2, long2 = head_s + tail(24), tail(57), head_l + tail(9)
+    got = {}
+    for rule in (None, HAND_RULE):
+        eng = engine(
+            net, kv_tokens=64, state_slots=3, host_state_slots=16, host_kv_tokens=512,
+            tier_cost=rule,
+        )  # fmt: skip
+        check_against_uncached(net, eng, [short1, long1, fill1])
+        s0 = eng.stats()
+        check_against_uncached(net, eng, [short2, fill2])
+        s1 = eng.stats()
+        check_against_uncached(net, eng, [long2])
+        s2 = eng.stats()
+        short_cached = s1["cached_tokens"] - s0["cached_tokens"]
+        got[rule is None] = short_cached, s2["cached_tokens"] - s1["cached_tokens"]
+        got[rule is None] += (s2["host_recomputed"], s2["host_loads"] - s0["host_loads"])
+    assert got[True] == (16, 48, 0, 2)  # always the deepest: both heads loaded
+    assert got[False] == (0, 48, 1, 1)  # by cost: the short one recomputed
+
+
+def test_a_new_engine_finds_the_store_of_an_earlier_one(net: Any, store_dir: Path) -> None:
+    """Engine A runs heads in turn over a small host and a store; engine B, new, on the
+    same directory (same net, model and layout), lists A's objects (and passes over an
+    object of another model), and a prompt on A's first head loads its 48 tokens from
+    the store into B: output exact, `check` (the store's objects == its LRU) holds."""
+    first = engine(net, kv_tokens=64, state_slots=3, host_state_slots=2, host_kv_tokens=24,
+                   store_dir=store_dir, store_gb=1.0)  # fmt: skip
+    todo = prompts(1, 9, False)
+    check_against_uncached(net, first, todo)
+    ours = sorted(store_dir.glob("*.bin"))
+    assert ours and first.stats()["host_store_found"] == 0
+    other = ours[0].name.replace(f"_{net.config.model_type}_", "_another-model_")
+    assert other != ours[0].name
+    shutil.copy(ours[0], store_dir / other)
+    second = engine(net, kv_tokens=64, state_slots=3, host_state_slots=2, host_kv_tokens=24,
+                    store_dir=store_dir, store_gb=1.0)  # fmt: skip
+    assert second.stats()["host_store_found"] == len(ours)
+    second.check()
+    check_against_uncached(net, second, [todo[0][:48] + [5, 6, 7, 8]])
+    s = second.stats()
+    assert s["host_loads"] == 1 and s["cached_tokens"] == 48
+    assert s["host_store_loaded_kv_tokens"] == 48 and s["host_store_loaded_states"] == 1
+
+
+def test_bad_tier_rules_name_the_parameter(net: Any) -> None:
+    host = {"host_state_slots": 2, "host_kv_tokens": 8}
+    with pytest.raises(ValueError, match="tier_write"):
+        engine(net, kv_tokens=64, state_slots=3, tier_write="write-through", **host)
+    with pytest.raises(TypeError, match="tier_cost"):
+        engine(net, kv_tokens=64, state_slots=3, tier_cost=1.0, **host)
+    for kw in ({"tier_write": "through"}, {"tier_cost": HAND_RULE}):
+        with pytest.raises(ValueError, match=f"{next(iter(kw))} needs a host tier"):
+            engine(net, kv_tokens=64, state_slots=3, **kw)
