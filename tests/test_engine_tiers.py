@@ -301,15 +301,22 @@ def test_the_engine_loads_or_recomputes_each_hit_by_cost(net: Any) -> None:
     assert got[False] == (0, 48, 1, 1)  # by cost: the short one recomputed
 
 
+def fill_a_store(net: Any, store_dir: Path) -> tuple[Engine, list[list[int]]]:
+    """Heads in turn over a small host (2 states, 24 tokens) and a store: the heads pass
+    through the host into the store."""
+    eng = engine(net, kv_tokens=64, state_slots=3, host_state_slots=2, host_kv_tokens=24,
+                 store_dir=store_dir, store_gb=1.0)  # fmt: skip
+    todo = prompts(1, 9, False)
+    check_against_uncached(net, eng, todo)
+    return eng, todo
+
+
 def test_a_new_engine_finds_the_store_of_an_earlier_one(net: Any, store_dir: Path) -> None:
     """Engine A runs heads in turn over a small host and a store; engine B, new, on the
     same directory (same net, model and layout), lists A's objects (and passes over an
     object of another model), and a prompt on A's first head loads its 48 tokens from
     the store into B: output exact, `check` (the store's objects == its LRU) holds."""
-    first = engine(net, kv_tokens=64, state_slots=3, host_state_slots=2, host_kv_tokens=24,
-                   store_dir=store_dir, store_gb=1.0)  # fmt: skip
-    todo = prompts(1, 9, False)
-    check_against_uncached(net, first, todo)
+    first, todo = fill_a_store(net, store_dir)
     ours = sorted(store_dir.glob("*.bin"))
     assert ours and first.stats()["host_store_found"] == 0
     other = ours[0].name.replace(f"_{net.config.model_type}_", "_another-model_")
@@ -334,3 +341,41 @@ def test_bad_tier_rules_name_the_parameter(net: Any) -> None:
     for kw in ({"tier_write": "through"}, {"tier_cost": HAND_RULE}):
         with pytest.raises(ValueError, match=f"{next(iter(kw))} needs a host tier"):
             engine(net, kv_tokens=64, state_slots=3, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wait_s", [5.0, 0.0])
+def test_prefetch_reads_the_store_into_the_host_ahead(
+    net: Any, store_dir: Path, wait_s: float
+) -> None:
+    """A new engine with prefetch over a filled store, given a prompt on its first head:
+    at submission the 48 KV tokens and the state at 48 the load would take from the store
+    (49 objects) are read into the host on the store's worker thread. Waiting up to 5 s at
+    the match, the load finds them all in the host and reads nothing from the store; with
+    no wait it takes from the store what is not read yet. Either way every read is done
+    when `generate` returns, the output is exact, and `close` joins the worker."""
+    fill_a_store(net, store_dir)
+    eng = engine(net, kv_tokens=64, state_slots=3, host_state_slots=2, host_kv_tokens=64,
+                 store_dir=store_dir, store_gb=1.0, prefetch_wait_s=wait_s)  # fmt: skip
+    head = prompts(1, 1, False)[0][:48]
+    check_against_uncached(net, eng, [head + [5, 6, 7, 8]])
+    s = eng.stats()
+    assert s["host_prefetched"] == 49 and s["host_prefetch_misses"] == 0
+    assert s["host_loads"] == 1 and s["cached_tokens"] == 48
+    from_store = s["host_store_loaded_kv_tokens"] + s["host_store_loaded_states"]
+    if wait_s:
+        assert from_store == 0 and s["host_prefetch_late"] == 0
+    else:
+        assert from_store <= 49
+    assert eng.host_tier is not None and eng.host_tier.store is not None
+    eng.close()
+    assert eng.host_tier.store.ahead._worker is None
+
+
+def test_bad_prefetch_input_names_the_parameter(net: Any) -> None:
+    host = {"host_state_slots": 2, "host_kv_tokens": 8}
+    with pytest.raises(ValueError, match="prefetch_wait_s needs a store"):
+        engine(net, kv_tokens=64, state_slots=3, prefetch_wait_s=1.0, **host)
+    with pytest.raises(ValueError, match="prefetch_wait_s"):
+        engine(net, kv_tokens=64, state_slots=3, prefetch_wait_s=-1, store_dir="x",
+               store_gb=1.0, **host)  # fmt: skip

@@ -88,6 +88,17 @@ def check_tier_rules(host_tier: bool, tier_write: Any, tier_cost: Any) -> WriteP
     return write
 
 
+def check_prefetch(store_dir: Any, wait_s: Any) -> None:
+    """`prefetch_wait_s`: None, or seconds >= 0 with a store (ValueError naming it)."""
+    if wait_s is None:
+        return
+    ok = isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool) and wait_s >= 0
+    if not ok or wait_s != wait_s or wait_s == float("inf"):
+        raise ValueError(f"prefetch_wait_s must be None or seconds >= 0, got {wait_s!r}")
+    if store_dir is None:
+        raise ValueError("prefetch_wait_s needs a store (store_dir, store_gb)")
+
+
 def check_store_tier(host_tier: bool, store_dir: Any, store_gb: Any) -> int:
     """The store's capacity in bytes (0: no store): `store_dir` a path and `store_gb` > 0
     together, below a host tier (TypeError / ValueError naming the parameter otherwise)."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from mambaradix.lifecycle.tiers import Key
 from mambaradix.pools.store_io import StoreIO, cache_namespace
-from mambaradix.pools.transfer import Group, Mover
+from mambaradix.pools.transfer import Group, Mover, Transfer
 from mambaradix.tiers import KV, MAMBA, FileStore, ObjectKey
 
 __all__ = ["StoreTier", "layer_key", "store_hash"]
@@ -51,6 +51,8 @@ class StoreTier:
     ) -> None:
         self.store = FileStore(root, cache_namespace(model, states, kv, 1))
         self.io = StoreIO(self.store, states, kv, page_size=1, mover=mover)
+        # prefetches: reads into host pools on a worker thread, with their own CPU mover
+        self.ahead = StoreIO(self.store, states, kv, page_size=1, background=True)
 
     def save(self, key: Key, src: Group, unit: int) -> bool:
         """Write `key`'s bytes from unit `unit` of `src` (a host pool); whether acknowledged."""
@@ -58,6 +60,13 @@ class StoreTier:
         if key[0] == "st":
             return self.io.save_states([(h, unit)], src).wait()[0]
         return self.io.save_kv([(h, [unit])], src).wait()[0]
+
+    def read_ahead(self, key: Key, dst: Group, unit: int) -> Transfer[list[bool]]:
+        """Start reading `key` into unit `unit` of `dst` (a host pool) on the worker."""
+        h = store_hash(key[1])
+        if key[0] == "st":
+            return self.ahead.load_states([(h, unit)], dst)
+        return self.ahead.load_kv([(h, [unit])], dst)
 
     def load(self, kind: str, pieces: Sequence[tuple[Key, int]], dst: Group) -> list[Key]:
         """Read each (key, unit of `dst`); the keys the store missed."""
@@ -99,5 +108,6 @@ class StoreTier:
         return ObjectKey(store_hash(key[1]), MAMBA if key[0] == "st" else KV)
 
     def close(self) -> None:
+        self.ahead.close()  # joins the worker
         self.io.close()
         self.store.close()

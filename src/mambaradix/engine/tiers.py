@@ -27,6 +27,8 @@ and the keys holding units are the host LRU's entries).
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Sequence
 from typing import Any
 
 from mambaradix.engine.tier_store import StoreTier
@@ -41,6 +43,7 @@ from mambaradix.lifecycle.tiers import (
     Candidate,
     Demote,
     Drop,
+    Fetch,
     Key,
     LowerTiers,
     Residency,
@@ -48,7 +51,7 @@ from mambaradix.lifecycle.tiers import (
     cheapest,
 )
 from mambaradix.pools.host import HostKVPool, HostPool, HostStatePool, kv_group, state_group
-from mambaradix.pools.transfer import Group, Mover
+from mambaradix.pools.transfer import Group, Mover, Transfer
 from mambaradix.tiers.cost import LoadRule
 
 __all__ = ["HostTier", "TierLookup"]
@@ -67,11 +70,15 @@ class HostTier:
         store: tuple[str | os.PathLike[str], int, str] | None = None,
         write: WritePolicy = WritePolicy.WRITE_BACK,
         rule: LoadRule | None = None,
+        prefetch_wait_s: float | None = None,
     ) -> None:
         """`store`: (directory, capacity in bytes, model name) of a file store below.
         `write`: when units go down (`lifecycle.tier_write`). `rule`: load or recompute
-        each hit by cost (`lifecycle.tiers.cheapest`; None: load the deepest)."""
-        self.mgr, self.rule = mgr, rule
+        each hit by cost (`lifecycle.tiers.cheapest`; None: load the deepest).
+        `prefetch_wait_s`: prefetch store -> host (`prefetch`), a match waiting at most
+        that long for its reads (None: no prefetch)."""
+        self.mgr, self.rule, self.wait_s = mgr, rule, prefetch_wait_s
+        self.fetching: dict[Key, Transfer[list[bool]]] = {}  # prefetch reads in flight
         self.groups: dict[str, Group] = {
             "st": state_group(adapter.states),
             "kv": kv_group(adapter.k, adapter.v),
@@ -98,6 +105,7 @@ class HostTier:
         self.missed: list[Key] = []  # store misses of the load in progress
         self.stats = {"loads": 0, "loaded_kv_tokens": 0, "failed_loads": 0, "recomputed": 0}
         self.stats |= {"store_found": self._adopt_store(kv_bytes, st_bytes)}
+        self.stats |= {"prefetched": 0, "prefetch_misses": 0, "prefetch_late": 0}
         self.stats |= {"demoted_kv_tokens": 0, "demoted_states": 0, "store_writes": 0}
         self.stats |= {"store_deletes": 0}
         self.stats |= {"store_loaded_kv_tokens": 0, "store_loaded_states": 0, "store_misses": 0}
@@ -141,6 +149,9 @@ class HostTier:
                 pending[kind] = [p for p in pending[kind] if p[0] != action.key]
                 self.pools[kind].free([unit])
                 continue
+            if isinstance(action, Fetch):
+                self._read_ahead(action.key)
+                continue
             assert isinstance(action, Demote)
             if action.tier == STORE:
                 self._to_store(action.key, action.source, pending)
@@ -153,6 +164,16 @@ class HostTier:
             pending[kind].append((action.key, action.source, got[0]))
         self.queue.clear()
         self._copy_to_host(pending)
+
+    def _read_ahead(self, key: Key) -> None:
+        """A `Fetch`: a host unit for `key`, read into from the store on the worker."""
+        assert self.store is not None
+        kind = str(key[0])
+        got = self.pools[kind].alloc(1)
+        if got is None:
+            raise AssertionError(f"the host {kind} pool disagrees with its LRU: it is full")
+        self.units[key] = got[0]
+        self.fetching[key] = self.store.read_ahead(key, self.pools[kind].tensors, got[0])
 
     def _copy_to_host(self, pending: dict[str, list[tuple[Key, int, int]]]) -> None:
         for kind, copies in pending.items():
@@ -185,12 +206,64 @@ class HostTier:
             self.tiers.forget(key, STORE)
             self.stats["store_misses"] += 1
 
+    # --------------------------------------------------------------- prefetch
+
+    def prefetch(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Start reading into the host, on the store's worker thread, what the load of
+        each prompt's deepest usable prefix would read from the store (the device and the
+        tiers as they are now: a hint; the load decides again at its match)."""
+        if self.wait_s is None or self.store is None:
+            return
+        sizes = {"kv": self.tracker.kv_unit_bytes, "st": self.tracker.group_bytes}
+        for prompt in prompts:
+            key = prompt[: len(prompt) - 1]
+            m = self.mgr.tree.match_prefix(key, read_only=True)
+            cands = self.residency.plan(key, m.prefix_len, m.kv_hit_len)
+            if not cands:
+                continue
+            plan = self.residency.restore_plan(key, cands[-1].depth, m.kv_hit_len)
+            for k, tier in [(k, t) for _, k, t in plan.kv] + plan.state:
+                if tier == STORE:
+                    self.tiers.fetch(k, sizes[str(k[0])])
+        self.execute()
+
+    def settle(self, wait_s: float | None) -> None:
+        """Publish the prefetch reads that finished, waiting at most `wait_s` seconds in
+        all for the others (None: for every one); a read the store missed is forgotten."""
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        for key, read in list(self.fetching.items()):
+            while deadline is not None and not read.done() and time.monotonic() < deadline:
+                time.sleep(1e-4)
+            if deadline is not None and not read.done():
+                self.stats["prefetch_late"] += 1
+                continue
+            (ok,) = read.wait()
+            del self.fetching[key]
+            self.tiers.fetched(key, ok)
+            if not ok:
+                self.pools[str(key[0])].free([self.units.pop(key)])
+            self.stats["prefetched" if ok else "prefetch_misses"] += 1
+
+    def flush(self) -> None:
+        """Carry out every queued action and finish every prefetch read."""
+        self.execute()
+        self.settle(None)
+
+    def close(self) -> None:
+        """Finish what is in flight and join the store's worker thread."""
+        self.flush()
+        if self.store is not None:
+            self.store.close()
+
     # ------------------------------------------------------------------- loads
 
     def before_match(self, req: Request) -> None:
         """Load the prefix of `req` the tiers can give past the device's: the deepest, or
         by cost (`rule`): the one that saves the most seconds, if any."""
         self.execute()  # write-through copies queued by inserts since: visible first
+        if self.fetching:
+            assert self.wait_s is not None
+            self.settle(self.wait_s)  # bounded: a late read leaves the load to the store
         key = req.tokens[: req.total_len - 1]
         m = self.mgr.tree.match_prefix(key, req.extra_key, read_only=True)
         cands = self.residency.plan(key, m.prefix_len, m.kv_hit_len)
@@ -270,7 +343,7 @@ class HostTier:
         """The layer's invariants; nothing queued or in flight; every host unit free or
         held by exactly one key, and the keys holding units are the host LRU's entries;
         the store holds exactly the objects its LRU lists."""
-        if self.queue or self.tiers.unwritten:
+        if self.queue or self.tiers.unwritten or self.fetching:
             raise AssertionError("tier actions left unexecuted or writes unpublished")
         self.residency.check_invariants()
         held: dict[str, list[list[int]]] = {"st": [], "kv": []}

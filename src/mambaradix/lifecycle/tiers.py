@@ -82,7 +82,18 @@ class Drop:
     tier: str
 
 
-Action = Demote | Drop
+@dataclass(frozen=True)
+class Fetch:
+    """Read `key`'s bytes from the store into the host ahead of a load (a prefetch);
+    visible in the host once the caller calls `LowerTiers.written(key, HOST)`, pinned
+    there until `LowerTiers.fetched`."""
+
+    key: Key
+    tier: str
+    nbytes: int
+
+
+Action = Demote | Drop | Fetch
 Sink = Callable[[Action], None]
 
 
@@ -164,6 +175,32 @@ class LowerTiers:
         if self.sink is not None:
             self.unwritten.discard((tier, key))
             self.sink(Drop(key, tier))
+
+    def fetch(self, key: Key, nbytes: int) -> bool:
+        """Reserve a host entry for `key`, which the store holds, to be read up there (a
+        `Fetch`; the host drops what it must for it, as a demotion does); pinned until
+        `fetched`. False (nothing done) when the host has it or no room for it."""
+        if self.sink is None or key in self.host or self.where(key) != STORE:
+            return False
+        for old, size in self.host.put(key, nbytes):
+            if old == key:  # every entry pinned: no room
+                return False
+            assert isinstance(old, tuple)
+            self._to_store(old, size, None)
+            self._drop(old, HOST)
+        self.host.pin(key)
+        self.unwritten.add((HOST, key))
+        self.sink(Fetch(key, HOST, nbytes))
+        return True
+
+    def fetched(self, key: Key, ok: bool) -> None:
+        """The `Fetch` of `key` finished: visible in the host, or (`ok` False: the store
+        missed) gone from there."""
+        self.host.unpin(key)
+        if ok:
+            self.written(key, HOST)
+        else:
+            self.forget(key, HOST)
 
     def adopt(self, key: Key, nbytes: int) -> list[Key]:
         """`key`'s bytes are in the store already (found there at start: a store outlives
