@@ -19,6 +19,12 @@ them out with bytes:
   finds it. A store miss (refused, lost or corrupt object) forgets the key and fails the
   load: the units it wrote to are freed, never inserted.
 
+* prefetch (`prefetch_wait_s`): when a batch is submitted, what each prompt's load
+  would read from the store is given host units (`LowerTiers.fetch`, pinned) and read into
+  them on the store's worker thread; a match publishes the reads that finished, waiting at
+  most `prefetch_wait_s` for the rest (a late one leaves the load to read the store);
+  `generate` returns with every read done, `close` joins the worker.
+
 Host units are owned by the layer's entries: one per visible or in-flight key, freed when
 the host LRU drops the key (`check`: every host unit is free or held by exactly one key,
 and the keys holding units are the host LRU's entries).

@@ -9,14 +9,19 @@ KV whose prefix hashes to `h` is `("kv", h)`, group `g` of the state at the end 
 prefixes give equal keys, so the tiers are inclusive: an entry loaded back stays below
 until its LRU drops it.
 
-* `TierTracker` is a tree listener: each node's (start, end) prefix hashes; when the tree
-  lets go of a node's KV (`node_removed`) or its state (`state_removed`) it demotes them,
-  naming the device unit they sit in (a KV index, a state slot).
+* `TierTracker` is a tree listener: each node's (start, end) prefix hashes; it copies a
+  node's KV and state down, naming the device unit they sit in (a KV index, a state
+  slot), when its write policy says (`tier_write`): when the tree lets go of them
+  (`node_removed`, `state_removed`: write-back), or while they are cached, once the node
+  has been hit often enough (`hit`: write-through, write-through-selective).
 * `LowerTiers` holds the host and store LRUs (`tier_lru`): what the host drops goes to the
   store, what the store drops is gone. With a `sink` it reports every move as an action
-  (`Demote`, `Drop`), in the order the caller must carry them out, and an entry becomes
-  visible in a tier (`where`) only when the caller reports its bytes written there
-  (`written`): publish after write. Without a sink (the replay) a write is instant.
+  (`Demote`, `Drop`, `Fetch`: a prefetch from the store into the host), in the order the
+  caller must carry them out, and an entry becomes visible in a tier (`where`) only when
+  the caller reports its bytes written there (`written`): publish after write. Without a
+  sink (the replay) a write is instant.
+* `cheapest`: the per-hit choice to load or recompute by cost (the replay's and the
+  engine's).
 * `Residency` looks a key up: every depth a load could restore (`plan`), the check that a
   depth is usable (`usable`), and, for the chosen depth, where each piece comes from
   (`restore_plan`), and host locks on what a load reads (`pin`, `unpin`).
