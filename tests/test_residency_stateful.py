@@ -127,6 +127,11 @@ class ResidencyMachine(RuleBasedStateMachine):
             else:
                 data = (self.device_kv if a.key[0] == "kv" else self.device_st)[a.source]
                 self.copied.add(a.key)
+                if a.key[0] == "st":  # a state goes down only with the KV it depends on
+                    held = {k for (_, k) in self.below} | {
+                        self.key_of("kv", p) for p in self.device_kv.values()
+                    }
+                    assert all(self.key_of("kv", data[:i]) in held for i in range(1, len(data) + 1))
             self.below[(a.tier, a.key)] = data
             self.in_flight.add((a.tier, a.key))
 
