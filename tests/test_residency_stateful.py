@@ -20,6 +20,7 @@ Checked after every step, against the model (prefix tuples, no hashing):
 
 from __future__ import annotations
 
+import random
 from array import array
 from collections.abc import Hashable
 from typing import Any
@@ -39,6 +40,7 @@ from mambaradix.lifecycle.tiers import (
     STORE,
     Demote,
     Drop,
+    Fetch,
     LowerTiers,
     Residency,
     TierTracker,
@@ -88,6 +90,9 @@ class ResidencyMachine(RuleBasedStateMachine):
         self.dropped: set[tuple[str, Hashable]] = set()
         self.copied: set[Hashable] = set()  # keys ever copied down from a device unit
         self.hits: dict[Prefix, int] = {}  # KV unit on the device -> hits (write-through)
+        self.fetching: set[Hashable] = set()  # keys read from the store into the host
+        self.fetches = 0
+        self.read_ahead: set[Hashable] = set()  # keys ever read ahead into the host
         self.unbacked = 0  # bytes that left the device with no copy below (write-through)
 
     # ---------------------------------------------------------------- execution
@@ -120,6 +125,13 @@ class ResidencyMachine(RuleBasedStateMachine):
                 self.in_flight.discard((a.tier, a.key))
                 if a.tier == STORE:
                     self.dropped.add(a.key)
+                continue
+            if isinstance(a, Fetch):  # a prefetch: the store's bytes, read into the host
+                self.below[(HOST, a.key)] = self.below[(STORE, a.key)]
+                self.in_flight.add((HOST, a.key))
+                self.fetching.add(a.key)
+                self.read_ahead.add(a.key)
+                self.fetches += 1
                 continue
             assert isinstance(a, Demote)
             if a.source is None:  # host -> store
@@ -157,8 +169,7 @@ class ResidencyMachine(RuleBasedStateMachine):
             return
         self.sync_freed()
         for i, index in enumerate(kv):
-            self.device_kv[index] = tuple(seq[: m.prefix_len + i + 1])
-            self.hits.setdefault(self.device_kv[index], 1)  # added: its first hit
+            self.set_unit(index, tuple(seq[: m.prefix_len + i + 1]))
         self.device_st[slot] = tuple(seq)
         r = self.tree.insert(seq, array("q", m.kv_indices) + kv, slot, m.prefix_len)
         self.execute()  # write-through copies, before any unit is freed
@@ -181,8 +192,37 @@ class ResidencyMachine(RuleBasedStateMachine):
     @rule()
     def complete_writes(self) -> None:
         for tier, key in sorted(self.in_flight, key=repr):
-            self.tiers.written(key, tier)
+            if tier == HOST and key in self.fetching:
+                self.tiers.fetched(key, True)
+            else:
+                self.tiers.written(key, tier)
         self.in_flight.clear()
+        self.fetching.clear()
+
+    @rule(seq=SEQS)
+    def prefetch(self, seq: list[int]) -> None:
+        """What a load of `seq`'s deepest usable prefix would read from the store is
+        read into the host ahead (the engine's `prefetch`)."""
+        m = self.tree.match_prefix(seq, read_only=True)
+        cands = self.res.plan(seq, m.prefix_len, m.kv_hit_len)
+        if cands:
+            p = self.res.restore_plan(seq, cands[-1].depth, m.kv_hit_len)
+            for key, tier in [(k, t) for _, k, t in p.kv] + p.state:
+                if tier == STORE:
+                    self.tiers.fetch(key, KV_BYTES if key[0] == "kv" else ST_BYTES)
+        self.execute()
+
+    @rule(pick=st.integers(0, 50))
+    def a_prefetch_misses(self, pick: int) -> None:
+        """A prefetch read found the object corrupt: the host entry goes."""
+        keys = sorted(self.fetching, key=repr)
+        if keys:
+            key = keys[pick % len(keys)]
+            self.tiers.fetched(key, False)
+            del self.below[(HOST, key)]
+            self.in_flight.discard((HOST, key))
+            self.fetching.discard(key)
+            self.dropped.add(key)
 
     @rule(pick=st.integers(0, 50))
     def store_loses_an_entry(self, pick: int) -> None:
@@ -206,8 +246,7 @@ class ResidencyMachine(RuleBasedStateMachine):
         def load(start: int, kv_on_device: int, kv: Any, slot: int) -> bool:
             p = self.res.restore_plan(seq, got[-1], kv_on_device)
             for i, key, tier in p.kv:
-                self.device_kv[kv[i - start]] = self.below[(tier, key)]
-                self.hits.setdefault(self.below[(tier, key)], 1)
+                self.set_unit(kv[i - start], self.below[(tier, key)])
             ((key, tier),) = p.state
             self.device_st[slot] = self.below[(tier, key)]
             return True
@@ -242,6 +281,14 @@ class ResidencyMachine(RuleBasedStateMachine):
         for s in [s for s in self.device_st if self.cache.slots.is_free(s)]:
             del self.device_st[s]
 
+    def set_unit(self, index: int, prefix: Prefix) -> None:
+        """Device KV unit `index` now holds `prefix` (an index the pools freed and gave
+        out again in one rule was never seen free: its old bytes go first)."""
+        if index in self.device_kv:
+            self.drop_unit(index)
+        self.device_kv[index] = prefix
+        self.hits.setdefault(prefix, 1)  # added: its first hit
+
     def drop_unit(self, index: int) -> None:
         prefix = self.device_kv.pop(index)
         if prefix not in self.device_kv.values():  # not a duplicate the insert freed
@@ -267,9 +314,8 @@ class ResidencyMachine(RuleBasedStateMachine):
     @invariant()
     def layer_matches_the_model(self) -> None:
         assert not self.queue
-        assert not any(
-            lru.pins for t in (self.tiers.host, self.tiers.store) for lru in t.distinct()
-        )
+        for t in (self.tiers.host, self.tiers.store):  # pinned: exactly the reads ahead
+            assert {k for lru in t.distinct() for k in lru.pins} == self.fetching
         self.res.check_invariants()
         for (tier, key), data in self.below.items():
             shown = self.tiers.where(key) is not None
@@ -293,8 +339,9 @@ class ResidencyMachine(RuleBasedStateMachine):
             need = 1 if self.WRITE is WritePolicy.WRITE_THROUGH else 2
             for kind, prefix in self.on_device():
                 key = self.key_of(kind, prefix)
-                if self.hits[prefix] >= need:
-                    assert key in self.copied and (key in held or key in self.dropped)
+                if self.hits[prefix] >= need:  # copied, or read ahead into the host
+                    went = key in self.copied or key in self.read_ahead
+                    assert went and (key in held or key in self.dropped)
 
     @invariant()
     def device_holds_its_paths(self) -> None:
@@ -342,6 +389,42 @@ test_residency_write_through_selective = WriteThroughSelective.TestCase
 test_residency_against_a_brute_force_model_longer = pytest.mark.slow(LongerRuns.TestCase)
 test_residency_write_through_longer = pytest.mark.slow(LongerRunsThrough.TestCase)
 test_residency_write_through_selective_longer = pytest.mark.slow(LongerRunsSelective.TestCase)
+
+
+STEPS = ["insert", "prefetch", "complete"] * 3 + ["admit", "restore", "miss", "evict", "lose"]
+
+
+@pytest.mark.parametrize("machine", [ResidencyMachine, WriteThrough, WriteThroughSelective])
+def test_long_random_walks_with_reads_ahead(machine: type[ResidencyMachine]) -> None:
+    """The machine's rules in long seeded walks (Hypothesis' short runs seldom fill the
+    store enough for a read ahead), every invariant after every step."""
+    fetches = 0
+    for seed in range(6):
+        rng, m = random.Random(seed), machine()
+        for _ in range(300):
+            seq = [rng.randrange(3) for _ in range(rng.randrange(1, 10))]
+            step = rng.choice(STEPS)
+            if step == "insert":
+                m.insert(seq)
+            elif step == "prefetch":
+                m.prefetch(seq)
+            elif step == "complete":
+                m.complete_writes()
+            elif step == "admit":
+                m.admit(seq)
+            elif step == "restore":
+                m.lookup_and_restore(seq)
+            elif step == "miss":
+                m.a_prefetch_misses(rng.randrange(50))
+            elif step == "evict":
+                m.evict_states(rng.randrange(1, 4))
+            else:
+                m.store_loses_an_entry(rng.randrange(50))
+            m.layer_matches_the_model()
+            m.device_holds_its_paths()
+        fetches += m.fetches
+    # the walks read ahead (selective copies little down, so its store seldom serves)
+    assert fetches >= (1 if machine is WriteThroughSelective else 10)
 
 
 def test_a_pinned_entry_is_passed_over_by_eviction() -> None:

@@ -121,6 +121,7 @@ class LowerTiers:
         self.stats = TierStats()
         self.sink = sink
         self.unwritten: set[tuple[str, Key]] = set()  # (tier, key) reserved, not yet written
+        self.lost: set[tuple[str, Key]] = set()  # forgotten while a read ahead pinned them
 
     def where(self, key: Key) -> str | None:
         """The highest tier holding `key`'s written bytes, or None."""
@@ -183,12 +184,15 @@ class LowerTiers:
 
     def fetch(self, key: Key, nbytes: int) -> bool:
         """Reserve a host entry for `key`, which the store holds, to be read up there (a
-        `Fetch`; the host drops what it must for it, as a demotion does); pinned until
-        `fetched`. False (nothing done) when the host has it or no room for it."""
+        `Fetch`; the host drops what it must for it, as a demotion does); the host entry
+        and the store's are pinned until `fetched` (the store keeps the object the read
+        reads). False (nothing done) when the host has it or no room for it."""
         if self.sink is None or key in self.host or self.where(key) != STORE:
             return False
+        self.store.pin(key)
         for old, size in self.host.put(key, nbytes):
             if old == key:  # every entry pinned: no room
+                self.store.unpin(key)
                 return False
             assert isinstance(old, tuple)
             self._to_store(old, size, None)
@@ -202,6 +206,10 @@ class LowerTiers:
         """The `Fetch` of `key` finished: visible in the host, or (`ok` False: the store
         missed) gone from there."""
         self.host.unpin(key)
+        self.store.unpin(key)
+        if (STORE, key) in self.lost:
+            self.lost.discard((STORE, key))
+            self.forget(key, STORE)
         if ok:
             self.written(key, HOST)
         else:
@@ -221,8 +229,14 @@ class LowerTiers:
 
     def forget(self, key: Key, tier: str) -> None:
         """The caller could not write `key` into `tier`, or found its bytes there lost
-        (a store that refused or lost them): the entry goes, with no action."""
-        (self.host if tier == HOST else self.store).remove(key)
+        (a store that refused or lost them): the entry goes, with no action. One a read
+        ahead still pins (`fetch`) is hidden now (unwritten) and goes at its `fetched`."""
+        lru = self.host if tier == HOST else self.store
+        if lru.pinned(key):
+            self.unwritten.add((tier, key))
+            self.lost.add((tier, key))
+            return
+        lru.remove(key)
         self.unwritten.discard((tier, key))
 
     def touch(self, key: Key) -> None:
