@@ -249,6 +249,10 @@ class LowerTiers:
         for tier, key in self.unwritten:
             if key not in (self.host if tier == HOST else self.store):
                 raise AssertionError(f"{key!r} is being written to the {tier} but not reserved")
+        for tier, key in self.lost:  # forgotten under a read ahead: hidden, still pinned
+            lru = self.host if tier == HOST else self.store
+            if (tier, key) not in self.unwritten or not lru.pinned(key):
+                raise AssertionError(f"{key!r}, lost in the {tier}, is visible or unpinned")
 
 
 # ----------------------------------------------------------------------- tracker
