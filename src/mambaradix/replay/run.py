@@ -179,7 +179,6 @@ def tier_metrics(models: Sequence[ServingModel], outs: list[Any]) -> dict[str, A
         "loads_recomputed": sum(s.recomputed for s in stats),
         "loads_failed": sum(s.failed for s in stats),
         "loaded_bytes": sum(sum(s.loaded_bytes.values()) for s in stats),
-        "unbacked_bytes": sum(s.unbacked_bytes for s in stats),
         "load_s": sum(o.load_s for o in outs),
         "host_peak_bytes": sum(t.tiers.host.peak for t in tiered),
         "store_peak_bytes": sum(t.tiers.store.peak for t in tiered),
