@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lifecycle_oracle import DriverMismatch
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager
 from mambaradix.pools import (
@@ -45,7 +46,7 @@ from mambaradix.scheduler import (
 )
 from mambaradix.scheduler.loop import STALLED, Scheduler
 from mambaradix.scheduler.sequence import ABORTED, FINISHED
-from upstream_lifecycle import DriverMismatch, UpstreamLifecycle
+from upstream_lifecycle import UpstreamLifecycle
 
 
 @dataclass(frozen=True)
