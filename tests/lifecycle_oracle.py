@@ -11,6 +11,7 @@ ping-pong track buffer, ``kv_committed_len``, ...) from ``Req`` onto ``Req.kv`` 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -82,6 +83,13 @@ class LifecycleOracle:
 
     RULES = ""  # the release, as ``compat`` names it
     FINISH_CALL = ""  # what caches a request its first token finished
+    # functions of the release's module: everything the oracle runs, loaded once per process
+    # (``ns``: the picked names); the pool class; a KV allocator (size, page); an upstream
+    # ``Req`` for one of ours (its index)
+    load: Callable[[], SimpleNamespace]
+    pool_class: Callable[[SimpleNamespace], type]
+    kv_allocator: Callable[[SimpleNamespace, int, int], Any]
+    new_req: Callable[[SimpleNamespace, Request, int], Any]
 
     def __init__(
         self,
@@ -96,7 +104,7 @@ class LifecycleOracle:
         track_slots: int = 2,
         track_interval: int = 256,
     ) -> None:
-        self.up = self._load()
+        self.up = self.load()
         self.extra_buffer = strategy == "extra_buffer"
         self.strategy, self.page_size = strategy, page_size
         self.track_slots = track_slots if self.extra_buffer else 0
@@ -104,8 +112,8 @@ class LifecycleOracle:
         self.rules = self.RULES
         self._configure(chunk_size, track_interval)
         self._activate()
-        self.kv_alloc = self._kv_allocator(kv_tokens, page_size)
-        pool_cls = self._pool_class()
+        self.kv_alloc = self.kv_allocator(self.up, kv_tokens, page_size)
+        pool_cls = self.pool_class(self.up)
         self.pool = pool_cls(rows, max_context, state_slots, self.extra_buffer, track_slots)
         self.inner = self._new_tree(chunk_size)
         self.inner.pretty_print = lambda: None  # upstream prints the tree on out-of-memory paths
@@ -141,10 +149,6 @@ class LifecycleOracle:
 
     # ------------------------------------------- what each release supplies
 
-    def _load(self) -> SimpleNamespace:
-        """Everything the oracle runs, loaded once per process (``ns``: picked names)."""
-        raise NotImplementedError
-
     def _configure(self, chunk_size: int, track_interval: int) -> None:
         """Keep the configuration the loaded code reads (``_activate`` installs it)."""
         raise NotImplementedError
@@ -152,16 +156,7 @@ class LifecycleOracle:
     def _activate(self) -> None:
         raise NotImplementedError
 
-    def _kv_allocator(self, size: int, page: int) -> Any:
-        raise NotImplementedError
-
-    def _pool_class(self) -> type:
-        raise NotImplementedError
-
     def _new_tree(self, chunk_size: int) -> Any:
-        raise NotImplementedError
-
-    def _new_req(self, req: Request, rid: int) -> Any:
         raise NotImplementedError
 
     def _kv(self, u: Any) -> Any:
@@ -244,7 +239,7 @@ class LifecycleOracle:
     def _u(self, req: Request) -> Any:
         u = self._ureqs.get(req)
         if u is None:
-            u = self._ureqs[req] = self._new_req(req, len(self._ureqs))
+            u = self._ureqs[req] = self.new_req(self.up, req, len(self._ureqs))
         return u
 
     def match(self, req: Request, key_len: int) -> bool:

@@ -415,21 +415,16 @@ class UpstreamLifecycle(LifecycleOracle):
 
     RULES = "sglang-0.5.15.post1"
     FINISH_CALL = "cache_finished_req"
-
-    def _load(self) -> SimpleNamespace:
-        return load_lifecycle()
+    load = staticmethod(load_lifecycle)
+    pool_class = staticmethod(_pool_class)
+    kv_allocator = staticmethod(_kv_allocator)
+    new_req = staticmethod(_new_req)
 
     def _configure(self, chunk_size: int, track_interval: int) -> None:
         self._args = _ServerArgs(self.page_size, chunk_size, self.extra_buffer, track_interval)
 
     def _activate(self) -> None:
         _ACTIVE[:] = [self._args]
-
-    def _kv_allocator(self, size: int, page: int) -> Any:
-        return _kv_allocator(self.up, size, page)
-
-    def _pool_class(self) -> type:
-        return _pool_class(self.up)
 
     def _new_tree(self, chunk_size: int) -> Any:
         params = sys.modules["sglang.srt.mem_cache.cache_init_params"].CacheInitParams(
@@ -441,9 +436,6 @@ class UpstreamLifecycle(LifecycleOracle):
         )
         us._SERVER_ARGS.mamba_cache_chunk_size = chunk_size  # read by the constructor
         return sys.modules["sglang.srt.mem_cache.mamba_radix_cache"].MambaRadixCache(params)
-
-    def _new_req(self, req: Request, rid: int) -> Any:
-        return _new_req(self.up, req, rid)
 
     def _extend_end(self, u: Any) -> int:
         return u.extend_range.end  # type: ignore[no-any-return]

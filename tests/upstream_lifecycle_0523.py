@@ -175,7 +175,7 @@ def _pool_class(up: SimpleNamespace) -> type:
     return Pool
 
 
-def _kv_allocator(size: int, page: int) -> Any:
+def _kv_allocator(up: SimpleNamespace, size: int, page: int) -> Any:
     if page == 1:
         cls = uu.up(f"{_MC}.allocator.token").TokenToKVPoolAllocator
         return cls(size, torch.bfloat16, "cpu", None, False)
@@ -216,9 +216,10 @@ class UpstreamLifecycle0523(LifecycleOracle):
 
     RULES = "sglang-0.5.23"
     FINISH_CALL = "release_kv_cache"
-
-    def _load(self) -> SimpleNamespace:
-        return load_lifecycle()
+    load = staticmethod(load_lifecycle)
+    pool_class = staticmethod(_pool_class)
+    kv_allocator = staticmethod(_kv_allocator)
+    new_req = staticmethod(_new_req)
 
     def _configure(self, chunk_size: int, track_interval: int) -> None:
         self._settings = (chunk_size, self.extra_buffer, track_interval, self.page_size)
@@ -227,18 +228,9 @@ class UpstreamLifecycle0523(LifecycleOracle):
         s = uu.SETTINGS
         s.chunk_size, s.extra_buffer, s.track_interval, s.page_size = self._settings
 
-    def _kv_allocator(self, size: int, page: int) -> Any:
-        return _kv_allocator(size, page)
-
-    def _pool_class(self) -> type:
-        return _pool_class(self.up)
-
     def _new_tree(self, chunk_size: int) -> Any:
         params = uu.cache_params(self.pool, self.kv_alloc, self.page_size, self.extra_buffer)
         return uu.up(f"{_MC}.unified_radix_cache").UnifiedRadixCache(params)
-
-    def _new_req(self, req: Request, rid: int) -> Any:
-        return _new_req(self.up, req, rid)
 
     def _kv(self, u: Any) -> Any:
         return u.kv
