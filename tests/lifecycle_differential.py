@@ -261,6 +261,26 @@ class Outcome:
     worked_around: Counter[str] = field(default_factory=Counter)
 
 
+CACHED, PREFILL_ABORTS, RETRACTIONS = "cached", "prefill aborts", "retractions"
+
+
+def check_outcome(out: Outcome, shape: StreamShape, expects: tuple[str, ...]) -> None:
+    """A run of ``shape`` served every request, SGLang would not have stopped (no crashes),
+    and it held what it is there to test (``expects``) plus aborts while decoding and waiting."""
+    assert out.requests == shape.requests
+    assert out.finished + sum(out.aborted.values()) == shape.requests
+    assert not out.crashes, f"SGLang itself would have stopped: {dict(out.crashes)}"
+    seen = {
+        CACHED: out.cached_tokens,
+        PREFILL_ABORTS: out.aborted["prefill"],
+        RETRACTIONS: out.retractions,
+        "decode aborts": out.aborted["decode"],
+        "waiting aborts": out.aborted["waiting"],
+    }
+    for what in (*expects, "decode aborts", "waiting aborts"):
+        assert seen[what] > 0, f"the stream has no {what}: {seen}"
+
+
 def run_lockstep(
     cfg: Config,
     shape: StreamShape,
