@@ -138,8 +138,8 @@ def test_a_state_below_whose_kv_fell_out() -> None:
     kv_share = 5000 * KV / (5000 * KV + 8 * STATE)
     host_units = int(int(0.5e9 * kv_share) / KV)
     assert host_units == 2780 and int(0.5e9 * (1 - kv_share)) // STATE == 4
-    cfg = fast(replace(SLOTS_4, kv_units=5000, state_slots=8, host_gb=0.5))
-    e = explain(lost_trace(4000), PROFILE, "sglang-hicache", cfg)
+    cfg = fast(replace(SLOTS_4, kv_units=5000, state_slots=8, host_gb=0.5, tier_write="back"))
+    e = explain(lost_trace(4000), PROFILE, "sglang-hicache", cfg)  # by hand: write-back
     assert e.requests[3].hit_tokens == 0 and only(e, 3) == {"tier_kv_dropped": 40}
     assert e.tiers is not None and e.tiers["dropped_bytes"] == (49 + 4004 - host_units) * KV
 
@@ -147,8 +147,8 @@ def test_a_state_below_whose_kv_fell_out() -> None:
 def test_a_failed_load_is_load_failed() -> None:
     """A point where the replay counts one failed load (`TierStats.failed`), request
     3's: its usable state below is `load_failed`."""
-    cfg = fast(replace(SLOTS_4, kv_units=5000, host_gb=0.25))
-    ran = replay(lost_trace(2000), PROFILE, "sglang-hicache", cfg)
+    cfg = fast(replace(SLOTS_4, kv_units=5000, host_gb=0.25, tier_write="back"))
+    ran = replay(lost_trace(2000), PROFILE, "sglang-hicache", cfg)  # write-back, as counted
     assert ran["loads_failed"] == 1 and ran["host_loads"] == 0
     e = explain(lost_trace(2000), PROFILE, "sglang-hicache", cfg)
     assert e.requests[3].hit_tokens == 0 and only(e, 3) == {"load_failed": 40}
@@ -223,11 +223,13 @@ def random_point(rng: random.Random) -> ServingConfig:
 @pytest.mark.parametrize("policy", ["mambaradix", "sglang-hicache", "vllm-offload"])
 def test_categories_add_up_on_a_tiered_run(policy: str) -> None:
     """Two of the slow test's points (seed 2): 0.15 GB of host on fast links, then
-    0.3 GB of host and 1 GB of store on the default links; the tiers serve loads and
+    0.3 GB of host and 1 GB of store on the default links, every row writing back (the
+    peers' own default, write-through, runs in the slow test); the tiers serve loads and
     leave a tier category holding tokens (vllm-offload, the slowest: the first only)."""
     rng = random.Random(2)
     points = 1 if policy == "vllm-offload" else 2
-    runs = [check_tiered(long_turns(2), policy, random_point(rng)) for _ in range(points)]
+    cfgs = [replace(random_point(rng), tier_write="back") for _ in range(points)]
+    runs = [check_tiered(long_turns(2), policy, cfg) for cfg in cfgs]
     assert sum(e.tiers["host_loads"] + e.tiers["store_loads"] for e in runs if e.tiers) > 0
     assert sum(e.totals()[k] for e in runs for k in TIER_CATEGORIES) > 0
 

@@ -280,3 +280,29 @@ def test_hicache_auto_sizes_the_host_state_pool(running: int) -> None:
     assert len(m.outcomes) + len(m.dropped) == len(trace)
     if running == 256:
         assert host.lrus["kv"].capacity == 0 and host.lrus["kv"].peak == 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "write", "copied"),
+    [
+        ("sglang-hicache", None, True),  # SGLang 0.5.23's default: write_through
+        ("sglang-hicache-auto", None, True),
+        ("vllm-offload", None, True),  # vLLM 0.33.0's offload stores what a step computes
+        ("mambaradix", None, False),  # ours writes back
+        ("sglang-hicache", "back", False),  # --tier-write sets every row's
+        ("mambaradix", "through", True),
+    ],
+)
+def test_each_row_writes_down_as_its_upstream_does_by_default(
+    policy: str, write: str | None, copied: bool
+) -> None:
+    """With device memory for the whole trace nothing is evicted: a row that writes back
+    copies nothing down, one that writes through copies what it caches at once. The
+    prompts share a head of several of vLLM's 1,040-token blocks, so every row caches."""
+    head = list(range(1, 2201))
+    trace = Trace("long", [req(i, float(i), head + [3000 + i] * 900, [7]) for i in range(3)])
+    cfg = ServingConfig(memory_gb=40.0, host_gb=100.0, tier_write=write)
+    m = ServingModel(trace, PROFILE, make_policy(policy), cfg)
+    run_checked(m)
+    assert m.cache.evictions == {"kv_tokens": 0, "states": 0}
+    assert (m.tiered.tiers.stats.demoted_bytes["host"] > 0) is copied

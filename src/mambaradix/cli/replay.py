@@ -181,9 +181,12 @@ def add_tier_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tier-write",
         choices=["back", "through", "through-selective"],
-        default="back",
-        help="when units go down to the host: when the device evicts them (back), when "
-        "they are cached (through), once hit twice (through-selective, SGLang's rule)",
+        default=None,
+        help="when units go down to the host, for every row: when the device evicts them "
+        "(back), when they are cached (through), once hit twice (through-selective, "
+        "SGLang's rule) (default: each row's own: through for sglang-hicache, "
+        "sglang-hicache-auto and vllm-offload, as their upstreams' defaults; back for ours "
+        "and the rest)",
     )
 
 

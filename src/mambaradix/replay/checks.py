@@ -43,7 +43,8 @@ def check_serving_config(cfg: ServingConfig) -> None:
         as_real(getattr(cfg, name), name, low=0)
     for name in ("host_gbps", "store_gbps"):
         as_real(getattr(cfg, name), name, low=0, low_open=True)
-    as_write_policy(cfg.tier_write, "tier_write")
+    if cfg.tier_write is not None:  # None: each row's own (`TierRules.write`)
+        as_write_policy(cfg.tier_write, "tier_write")
 
 
 def check_inputs(trace: Trace, profile: ModelProfile, cfg: ServingConfig) -> None:

@@ -69,7 +69,8 @@ class ServingConfig:
     every request at its time, not after its session's previous answer
     (`replay.sessions`). host_gb, store_gb: the lower tiers' bytes (0: none), their
     links' GB/s and microseconds per load (`replay.tier_rules`, published defaults).
-    tier_write: when units go down to the host (`lifecycle.tier_write`)."""
+    tier_write: when units go down to the host (`lifecycle.tier_write`), for every row;
+    None: each row's own (`replay.tier_rules`: the peers' rows write through)."""
 
     memory_gb: float
     state_fraction: float = 0.9 / 1.9
@@ -90,7 +91,7 @@ class ServingConfig:
     host_latency_us: float = DEFAULT_HOST_LATENCY_US
     store_gbps: float = DEFAULT_STORE_GBPS
     store_latency_us: float = DEFAULT_STORE_LATENCY_US
-    tier_write: str = "back"  # `lifecycle.tier_write`: back, through, through-selective
+    tier_write: str | None = None  # back, through, through-selective; None: each row's own
 
     @property
     def tiered(self) -> bool:

@@ -24,12 +24,21 @@ are `tiers.cost`'s published figures, each cited there and in docs/tiers-replay.
 * `vllm-offload`: vLLM 0.33.0's native CPU offload: per-group keys (a state is one entry
   per Mamba group; a hit needs every group), boundary (prompt) states only, never a
   decode-phase state (vllm #56972), the deepest hit always loaded.
+
+When units go down (`write`, `lifecycle.tier_write`; `ServingConfig.tier_write` overrides it
+for every row): ours writes back (a copy when the device lets go of a unit: the host then
+holds what the device does not); the peers' rows write through, as their upstreams do by
+default: SGLang 0.5.23's `--hicache-write-policy` defaults to `write_through`
+(`srt/arg_groups/fields/memory.py:121-127` in its wheel), and vLLM 0.33.0's offloading
+connector schedules a store of every block a step computes (`offloading/scheduler.py`
+`_build_store_jobs`, 1815-1850), so their host tiers are inclusive of the device.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mambaradix.lifecycle.tier_write import WritePolicy
 from mambaradix.tiers.cost import NVME_GEN5, PCIE5_X16, Link, Tier
 
 SHARED, PROPORTIONAL, AUTO = "shared", "proportional", "auto"
@@ -47,18 +56,21 @@ class TierRules:
     """split: one byte budget per tier (SHARED) or SGLang's KV/state split (PROPORTIONAL).
     choose: load the hit with the most seconds saved, if any (COST), or the deepest
     (DEEPEST). states: which evicted states go down (ALL_STATES, or PROMPT_STATES: only
-    those at prompt positions). state_groups: entries per state (vLLM's Mamba groups)."""
+    those at prompt positions). state_groups: entries per state (vLLM's Mamba groups).
+    write: when units go down (the module docstring), unless the run sets one."""
 
     split: str = SHARED
     choose: str = COST
     states: str = ALL_STATES
     state_groups: int = 1
+    write: WritePolicy = WritePolicy.WRITE_BACK
 
 
+THROUGH = WritePolicy.WRITE_THROUGH  # the peers' upstream default
 OURS = TierRules()
-SGLANG_HICACHE = TierRules(split=PROPORTIONAL, choose=DEEPEST)
-SGLANG_HICACHE_AUTO = TierRules(split=AUTO, choose=DEEPEST)
-VLLM_OFFLOAD = TierRules(choose=DEEPEST, states=PROMPT_STATES)  # groups: the policy's
+SGLANG_HICACHE = TierRules(split=PROPORTIONAL, choose=DEEPEST, write=THROUGH)
+SGLANG_HICACHE_AUTO = TierRules(split=AUTO, choose=DEEPEST, write=THROUGH)
+VLLM_OFFLOAD = TierRules(choose=DEEPEST, states=PROMPT_STATES, write=THROUGH)  # groups: policy's
 
 
 def host_link(gbps: float, latency_us: float) -> Link:

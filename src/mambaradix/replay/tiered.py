@@ -133,7 +133,7 @@ class TieredCache:
             state_bytes,
             rules.state_groups,
             prompt_only=rules.states == PROMPT_STATES,
-            write=as_write_policy(cfg.tier_write),
+            write=rules.write if cfg.tier_write is None else as_write_policy(cfg.tier_write),
         )
         self.residency = Residency(self.tiers, self.tracker, cache.page_size)
         cache.tree.add_listener(self.tracker)
