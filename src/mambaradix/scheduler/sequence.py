@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from mambaradix.core.keys import as_int_array, check_hashable
@@ -127,3 +127,13 @@ class Sequence:
     @property
     def remaining_new(self) -> int:
         return self.max_new_tokens - len(self._outputs)
+
+
+def outputs_left(running: Iterable[Sequence], clip: int) -> int:
+    """The sum of each sequence's `remaining_new`, each clipped at `clip` (read once per
+    prefill batch formed, over every running sequence)."""
+    total = 0
+    for s in running:
+        left = s.max_new_tokens - len(s._outputs)
+        total += left if left < clip else clip
+    return total

@@ -269,7 +269,7 @@ class MambaRadix(Policy):
         """Evictable states, lowest value first: all of them, or a seeded
         sample of `RANK_SAMPLE` when there are more (LHD's method)."""
         cands = self._candidates(mode)
-        values = dict(zip(cands, self._values(cands, mode)))
+        values = dict(zip(cands, self._values(cands, mode), strict=True))
         return sorted(cands, key=values.__getitem__)
 
     def _candidates(self, mode: str) -> list[TreeNode]:
