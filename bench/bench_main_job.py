@@ -94,7 +94,9 @@ def compare(baseline: Path | None, repeats: int, extra: list[str]) -> int:
     return 0
 
 
-def parts(memories: list[float], policies: list[str] | None, as_json: Path | None) -> int:
+def parts(
+    memories: list[float], policies: list[str] | None, limit: int | None, as_json: Path | None
+) -> int:
     """Each piece of the job in this process, CPU seconds each."""
     clock = time.process_time
     t = clock()
@@ -112,6 +114,7 @@ def parts(memories: list[float], policies: list[str] | None, as_json: Path | Non
     t = clock()
     trace = load("mooncake")
     out["load trace"] = clock() - t
+    trace.requests = trace.requests[:limit]
     t = clock()
     bound = bound_token_hit_rate(trace)
     out["bound"] = clock() - t
@@ -155,16 +158,19 @@ def main() -> int:
     p.add_argument("--baseline", type=Path, default=None, help="another checkout's src/")
     p.add_argument("--repeats", type=int, default=1, help="runs of each side (default 1)")
     p.add_argument("--parts", action="store_true", help="the pieces, in this process")
-    p.add_argument("--memory", default="20,40,80,160", help="--parts: GB points")
-    p.add_argument("--policy", default=None, help="--parts: policies (default: the job's)")
+    p.add_argument("--memory", default=None, help="GB points (default: the job's)")
+    p.add_argument("--policy", default=None, help="policies (default: the job's)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--json", type=Path, default=None, help="--parts: write the numbers here")
-    p.add_argument("job_args", nargs="*", help="after --: more arguments for the job")
     args = p.parse_args()
     if args.parts:
-        mems = [float(x) for x in args.memory.split(",")]
+        mems = [float(x) for x in (args.memory or "20,40,80,160").split(",")]
         pols = args.policy.split(",") if args.policy else None
-        return parts(mems, pols, args.json)
-    return compare(args.baseline, args.repeats, args.job_args)
+        return parts(mems, pols, args.limit, args.json)
+    extra = [] if args.memory is None else ["--memory", args.memory]
+    extra += [] if args.policy is None else ["--policy", args.policy]
+    extra += [] if args.limit is None else ["--limit", str(args.limit)]
+    return compare(args.baseline, args.repeats, extra)
 
 
 if __name__ == "__main__":
