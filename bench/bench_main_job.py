@@ -15,7 +15,9 @@ one) runs the same command, the two alternating, and their tables must be identi
 
 `--parts` runs the pieces in this process, one after another, and reports each one's CPU
 time: imports, loading the trace, the bound, every cell (one policy at one memory point)
-and the plot.
+and the plot. `--layers` runs the cells under cProfile instead and splits each one's time
+by the layer its functions live in (run it with MAMBARADIX_PURE=1 to see the tree's own
+functions; cProfile's overhead inflates the layers that make many small calls).
 """
 
 from __future__ import annotations
@@ -153,16 +155,68 @@ def parts(
     return 0
 
 
+LAYERS = (  # the first prefix of a function's module path decides its layer
+    ("core/", "tree (core)"),
+    ("pools/", "pools"),
+    ("replay/memory", "pools"),
+    ("scheduler/", "scheduler"),
+    ("lifecycle/", "lifecycle"),
+    ("replay/policies/", "the policy's own"),
+    ("replay/vllm_", "the policy's own"),
+    ("replay/", "replay model"),
+)
+
+
+def layers(memories: list[float], policies: list[str], limit: int | None) -> int:
+    """Each cell's time under cProfile, by layer (functions' own time; builtins count as
+    other)."""
+    import cProfile
+    import pstats
+
+    sys.path.insert(0, str(SRC))
+    from mambaradix import BUILD
+    from mambaradix.replay.models import load_profile
+    from mambaradix.replay.run import replay_checked
+    from mambaradix.replay.serving import ServingConfig
+    from mambaradix.replay.workloads import load
+
+    trace = load("mooncake")
+    trace.requests = trace.requests[:limit]
+    profile = load_profile("nemotron-h-8b")
+    names = [name for _, name in LAYERS] + ["other"]
+    print(f"core: {BUILD}; share of each cell's time under cProfile")
+    print(f"{'cell':28} " + " ".join(f"{n[:16]:>16}" for n in dict.fromkeys(names)))
+    for m in memories:
+        for p in policies:
+            prof = cProfile.Profile()
+            prof.runcall(replay_checked, trace, profile, p, ServingConfig(memory_gb=m))
+            share = dict.fromkeys(names, 0.0)
+            for (file, _, _), (_, _, own, _, _) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+                path = file.replace("\\", "/").split("mambaradix/")[-1]
+                where = next((n for pre, n in LAYERS if path.startswith(pre)), "other")
+                share[where] += own if "mambaradix/" in file else 0.0
+                share["other"] += 0.0 if "mambaradix/" in file else own
+            total = sum(share.values())
+            cells = " ".join(f"{share[n] / total:>16.0%}" for n in dict.fromkeys(names))
+            print(f"{p + ' at ' + format(m, 'g') + ' GB':28} {cells}", flush=True)
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", type=Path, default=None, help="another checkout's src/")
     p.add_argument("--repeats", type=int, default=1, help="runs of each side (default 1)")
     p.add_argument("--parts", action="store_true", help="the pieces, in this process")
+    p.add_argument("--layers", action="store_true", help="each cell's time by layer")
     p.add_argument("--memory", default=None, help="GB points (default: the job's)")
     p.add_argument("--policy", default=None, help="policies (default: the job's)")
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--json", type=Path, default=None, help="--parts: write the numbers here")
     args = p.parse_args()
+    if args.layers:
+        mems = [float(x) for x in (args.memory or "80").split(",")]
+        pols = (args.policy or "sglang,vllm,vllm-0.20-all,mambaradix").split(",")
+        return layers(mems, pols, args.limit)
     if args.parts:
         mems = [float(x) for x in (args.memory or "20,40,80,160").split(",")]
         pols = args.policy.split(",") if args.policy else None
