@@ -19,6 +19,8 @@ us fixed cost, ~1 ns per id) instead of C-level builtins over the array
 
 def as_int(value: object, name: str) -> int:
     """`value` as a plain `int` (numpy integers accepted, `bool` refused)."""
+    if type(value) is int:  # the common case, first: called on every pool operation
+        return value
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got bool")
     try:
@@ -47,6 +49,8 @@ def as_index_array(values: Iterable[int], name: str) -> array[int]:
     """A fresh `array('q')` copy of `values` (any iterable of ints, including
     `array('q')`, lists, numpy and torch integer arrays). The copy is the
     caller's to mutate."""
+    if type(values) is array and values.typecode == "q":
+        return array("q", values)  # a copy, without the checks an array('q') needs not
     if isinstance(values, (str, bytes, bytearray, memoryview)):
         # array('q', b"...") would silently reinterpret raw bytes.
         raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")

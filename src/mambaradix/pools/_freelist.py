@@ -129,13 +129,21 @@ class FreeStack:
 
     def _set_flags(self, ids: array[int], value: int) -> None:
         """flags[i] = value for every i in ids (valid, checked). Mutates flags."""
-        if len(ids) < VECTOR_MIN:
+        if len(ids) == 1:  # a state slot, a row, a decode step's index
+            self._flags[ids[0]] = value
+        elif len(ids) < VECTOR_MIN:
             # A zero-length deque drains the map in C: no bytecode per id.
             deque(map(self._flags.__setitem__, ids, repeat(value, len(ids))), maxlen=0)
         else:
             np.frombuffer(self._flags, dtype=np.uint8)[np.frombuffer(ids, dtype=np.int64)] = value
 
     def _check_free_short(self, ids: array[int], what: str) -> None:
+        if len(ids) == 1:  # the checks below, for one id
+            i = ids[0]
+            self._check_bounds(i, i, what)
+            if self._flags[i]:
+                self._raise_not_held(i, what)
+            return
         lo, hi = min(ids), max(ids)
         self._check_bounds(lo, hi, what)
         flags = self._flags

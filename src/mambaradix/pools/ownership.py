@@ -90,6 +90,12 @@ class SlotOwners:
 
     def _claim_short(self, values: array[int], start: int, keep: int) -> bool:
         owners = self.owners
+        if len(values) == 1 and start == keep == 0:  # the checks below, for one index
+            i = values[0]
+            if not 0 <= i < len(owners) or owners[i]:
+                return False
+            owners[i] = TREE
+            return True
         part = values[start:] if start else values
         if min(part) < 0 or max(part) >= len(owners):
             return False
@@ -120,6 +126,9 @@ class SlotOwners:
         return True
 
     def release(self, values: array[int]) -> None:
+        if len(values) == 1:
+            self.owners[values[0]] = REQUEST
+            return
         if len(values) < VECTOR_MIN:
             owners = self.owners
             deque(map(owners.__setitem__, values, repeat(REQUEST, len(values))), maxlen=0)

@@ -32,13 +32,14 @@ class ReqToTokenTable:
     the table unchanged. Reads and writes are only allowed on allocated rows.
     """
 
-    __slots__ = ("_rows", "_table")
+    __slots__ = ("_rows", "_table", "_width")
 
     def __init__(self, rows: int, max_context: int) -> None:
         rows = as_positive(rows, "rows")
         max_context = as_positive(max_context, "max_context")
         self._rows = FreeStack(rows, "row")
         self._table = np.zeros((rows, max_context), dtype=np.int64)
+        self._width = max_context
 
     @property
     def capacity(self) -> int:
@@ -48,7 +49,7 @@ class ReqToTokenTable:
     @property
     def max_context(self) -> int:
         """Number of token positions per row. Pure."""
-        return int(self._table.shape[1])
+        return self._width
 
     @property
     def table(self) -> npt.NDArray[np.int64]:
@@ -81,9 +82,13 @@ class ReqToTokenTable:
         [0, max_context). Mutates those positions."""
         row = self._check_row(row, allocated=True)
         start = as_count(start, "start")
-        idx = as_index_array(indices, "indices")
+        # read only here (numpy copies it into the table): an array('q') needs no copy
+        if isinstance(indices, array) and indices.typecode == "q":
+            idx = indices
+        else:
+            idx = as_index_array(indices, "indices")
         end = start + len(idx)
-        if end > self.max_context:
+        if end > self._width:
             raise ValueError(
                 f"write of {len(idx)} indices at {start} ends at {end} > "
                 f"max_context ({self.max_context})"
@@ -97,7 +102,7 @@ class ReqToTokenTable:
         row = self._check_row(row, allocated=True)
         start = as_count(start, "start")
         end = as_count(end, "end")
-        if not start <= end <= self.max_context:
+        if not start <= end <= self._width:
             raise ValueError(
                 f"need 0 <= start <= end <= max_context, got start={start}, end={end}, "
                 f"max_context={self.max_context}"

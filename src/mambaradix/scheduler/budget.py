@@ -36,7 +36,7 @@ from collections.abc import Sequence as Seq
 
 from mambaradix.lifecycle import CacheManager
 from mambaradix.scheduler.config import CLIP_MAX_NEW_TOKENS
-from mambaradix.scheduler.sequence import Sequence
+from mambaradix.scheduler.sequence import Sequence, outputs_left
 
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
 
@@ -88,7 +88,7 @@ class PrefillBudget:
         self.align = align
         self.rem_chunk = chunk_tokens
         self.rem_input = max_prefill_tokens
-        self.total_offset = sum(min(s.remaining_new, CLIP_MAX_NEW_TOKENS) for s in running) * ratio
+        self.total_offset = outputs_left(running, CLIP_MAX_NEW_TOKENS) * ratio
         self.cur_offset = 0.0
         self.batch: list[tuple[Sequence, int]] = []  # (sequence, tokens to extend)
         self.truncated: list[Sequence] = []  # continue in a later batch

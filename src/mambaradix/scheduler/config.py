@@ -76,6 +76,13 @@ class NewTokenRatio:
     def decay_step(self) -> None:
         self.current = max(self.current - self.decay, self.min)
 
+    def decay_steps(self, n: int) -> None:
+        """`decay_step` n times (one at a time: the same floats); at the floor it stays."""
+        for _ in range(n):
+            if self.current == self.min:
+                return
+            self.decay_step()
+
     def after_retract(self, decoded: int, max_new: int, running: int) -> None:
         """decoded / max_new: sums over the requests still running."""
         ratio = (decoded + RETRACT_DECODE_STEPS * running) / (max_new + 1)

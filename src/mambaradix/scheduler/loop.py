@@ -350,13 +350,16 @@ class Scheduler:
             self.batch_is_full = False
         if self._skip_quiet_steps():
             return
-        if not self.cache.decode_fits([s.req for s in self.running if s.token_due()]):
+        # Whether a sequence's next step makes a token depends on it alone: asked once.
+        due = [s for s in self.running if s.token_due()]
+        if not self.cache.decode_fits([s.req for s in due]):
             self._retract()
+            kept = set(self.running)
+            due = [s for s in due if s in kept]
         else:
             self.ratio.decay_step()
         if not self.running:
             return
-        due = [s for s in self.running if s.token_due()]
         if due and not self.cache.alloc_decode([s.req for s in due]):
             # Not after a fitting check_decode_mem in SGLang (it would crash);
             # here (an allocator failing) the step is skipped and one request
@@ -370,13 +373,15 @@ class Scheduler:
             if step.track_slot is not None:
                 self.cache.track(step.seq.req, step.seq.req.computed)
             step.seq.req.output_ids.append(token)
+        checkpoints = bool(self.checkpoints.decode_interval) and not self.cache.extra_buffer
+        made = set(due) if checkpoints else ()
         for seq in list(self.running):
             seq.steps_done += 1
             if seq.done:
                 self.running.remove(seq)
                 self._finish(seq)
                 self._finished_since_decode = True
-            elif seq in due and self._decode_checkpoint(seq):
+            elif seq in made and self._decode_checkpoint(seq):
                 self._checkpoint(seq, DECODED)
 
     def _skip_quiet_steps(self) -> bool:
@@ -385,13 +390,12 @@ class Scheduler:
         one step of their own: the caller may act (admit, prefill) at any token
         boundary inside them before the next step that generates. True if
         steps passed."""
-        quiet = min(s.steps_to_event() for s in self.running) - 1
+        quiet = min([s.steps_to_event() for s in self.running]) - 1
         if quiet <= 0:
             return False
         for seq in self.running:
             seq.steps_done += quiet
-        for _ in range(quiet):
-            self.ratio.decay_step()
+        self.ratio.decay_steps(quiet)
         self._pass_steps(quiet)
         return True
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from mambaradix.core.keys import as_int_array, check_hashable
@@ -77,6 +77,9 @@ class Sequence:
         # a tree keys its namespaces by it: refuse here, not in the middle of a step
         check_hashable(self.extra_key, "extra_key")
         self.req = Request(prompt, self.extra_key)
+        # Fixed from here on; read on every decode step of every running sequence.
+        self._outputs = self.req.output_ids
+        self._total = self.max_new_tokens - 1 if self.decode_steps is None else self.decode_steps
 
     @property
     def outputs(self) -> array[int]:
@@ -84,16 +87,17 @@ class Sequence:
 
     @property
     def total_steps(self) -> int:
-        return self.max_new_tokens - 1 if self.decode_steps is None else self.decode_steps
+        return self._total
 
     @property
     def done(self) -> bool:
-        produced = len(self.req.output_ids) >= self.max_new_tokens
-        return self.to_finish or (produced and self.steps_done >= self.total_steps)
+        if self.to_finish:
+            return True
+        return len(self._outputs) >= self.max_new_tokens and self.steps_done >= self._total
 
     def _produced_after(self, steps: int) -> int:
         """Tokens generated once `steps` decode steps ran (evenly spread)."""
-        total = self.total_steps
+        total = self._total
         if total == 0:
             return self.max_new_tokens
         return 1 + steps * (self.max_new_tokens - 1) // total
@@ -103,18 +107,33 @@ class Sequence:
         `decode_steps` exceeds the tokens to generate.)"""
         if self.to_finish:
             return True
-        return self._produced_after(self.steps_done + 1) > len(self.req.output_ids)
+        total = self._total
+        if total == 0:
+            return self.max_new_tokens > len(self._outputs)
+        return 1 + (self.steps_done + 1) * (self.max_new_tokens - 1) // total > len(self._outputs)
 
     def steps_to_event(self) -> int:
         """Decode steps until one generates a token or the sequence ends."""
         if self.to_finish:
             return 1  # it decodes one more token and ends
-        made, extra, total = len(self.req.output_ids), self.max_new_tokens - 1, self.total_steps
-        if made >= self.max_new_tokens or extra == 0:
-            return max(1, total - self.steps_done)
+        made, extra, total = len(self._outputs), self.max_new_tokens - 1, self._total
+        if made > extra or extra == 0:
+            left = total - self.steps_done
+            return left if left > 1 else 1
         at = -(-made * total // extra)  # first step count with `made + 1` tokens
-        return max(1, min(at, total) - self.steps_done)
+        left = (at if at < total else total) - self.steps_done
+        return left if left > 1 else 1
 
     @property
     def remaining_new(self) -> int:
-        return self.max_new_tokens - len(self.req.output_ids)
+        return self.max_new_tokens - len(self._outputs)
+
+
+def outputs_left(running: Iterable[Sequence], clip: int) -> int:
+    """The sum of each sequence's `remaining_new`, each clipped at `clip` (read once per
+    prefill batch formed, over every running sequence)."""
+    total = 0
+    for s in running:
+        left = s.max_new_tokens - len(s._outputs)
+        total += left if left < clip else clip
+    return total

@@ -49,28 +49,33 @@ Suffix = tuple[list[float], list[float], list[float]]
 
 
 class _Histogram:
-    __slots__ = ("hits", "ends", "snap")
+    __slots__ = ("hits", "ends", "snap", "top")
 
     def __init__(self) -> None:
         self.hits = [0.0] * BINS
         self.ends = [0.0] * BINS  # every end, hits included
-        zero = [0.0] * (BINS + 1)
-        self.snap: Suffix = (zero, zero, zero)
+        self.snap: Suffix = ([0.0] * (BINS + 1), [0.0] * (BINS + 1), [0.0] * (BINS + 1))
+        self.top = -1  # the highest bin changed since the last snapshot
 
     def add(self, j: int, hit: bool) -> None:
         self.ends[j] += 1
         if hit:
             self.hits[j] += 1
+        if j > self.top:
+            self.top = j
 
     def snapshot(self) -> None:
         """Per bin b: hits, ends, and sum of (bin age + 1/2) x ends over bins
-        >= b; what `at` answers from until the next snapshot."""
-        h, n, r = [0.0] * (BINS + 1), [0.0] * (BINS + 1), [0.0] * (BINS + 1)
-        for j in range(BINS - 1, -1, -1):
-            h[j] = h[j + 1] + self.hits[j]
-            n[j] = n[j + 1] + self.ends[j]
-            r[j] = r[j + 1] + (BIN_AGE[j] + 0.5) * self.ends[j]
-        self.snap = (h, n, r)
+        >= b; what `at` answers from until the next snapshot. Sums above the
+        highest bin changed since the last one are still right: only those below
+        it are summed again (the same additions, so the same floats)."""
+        h, n, r = self.snap
+        hits, ends = self.hits, self.ends
+        for j in range(self.top, -1, -1):
+            h[j] = h[j + 1] + hits[j]
+            n[j] = n[j + 1] + ends[j]
+            r[j] = r[j + 1] + (BIN_AGE[j] + 0.5) * ends[j]
+        self.top = -1
 
     def at(self, age: int) -> tuple[float, float]:
         """(hits, life) of the segments still to end for an item at `age`."""

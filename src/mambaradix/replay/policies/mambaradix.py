@@ -268,6 +268,12 @@ class MambaRadix(Policy):
     def _ranked(self, mode: str) -> list[TreeNode]:
         """Evictable states, lowest value first: all of them, or a seeded
         sample of `RANK_SAMPLE` when there are more (LHD's method)."""
+        cands = self._candidates(mode)
+        values = dict(zip(cands, self._values(cands, mode), strict=True))
+        return sorted(cands, key=values.__getitem__)
+
+    def _candidates(self, mode: str) -> list[TreeNode]:
+        """What `_ranked` ranks, unordered (the sample draws from the seeded generator)."""
         pool, k = self.items.nodes, self.settings.sample
         cands: list[TreeNode] = []
         if k and len(pool) > k:  # drawn with replacement: repeats do no harm
@@ -275,13 +281,13 @@ class MambaRadix(Policy):
             cands = list({n: None for n in drawn if self._evictable(n, mode)})
         if not cands:
             cands = [n for n in pool if self._evictable(n, mode)]
-        values = {n: self._value(n, mode) for n in cands}
-        return sorted(cands, key=values.__getitem__)
+        return cands
 
     def _lowest(self, mode: str) -> float | None:
+        """The value `_ranked(mode)` puts first (the same draw; no sort)."""
         self.items.settle()
-        order = self._ranked(mode)
-        return self._value(order[0], mode) if order else None
+        cands = self._candidates(mode)
+        return min(self._values(cands, mode)) if cands else None
 
     @staticmethod
     def _evictable(node: TreeNode, mode: str) -> bool:
@@ -292,21 +298,28 @@ class MambaRadix(Policy):
         return not node.kv_lock
 
     def _value(self, node: TreeNode, mode: str) -> float:
-        items = self.items
-        item = items.table[node]
-        age = items.clock - item.start if self.settings.ages else 0
-        density = self.density.density(item.cls, age)
-        if not density:
-            return 0.0
-        return density * items.saved(node, item) / self._bytes(node, mode)
+        return self._values([node], mode)[0]
 
-    def _bytes(self, node: TreeNode, mode: str) -> float:
-        if mode == "slot" or not self.settings.sizes:
-            return 1.0
-        kv = 0 if node.children else self.items.kv_freed(node)
-        if mode == "kv":
-            return float(max(1, kv))
-        return float(self.ctx.state_bytes + kv * self.ctx.kv_unit_bytes)
+    def _values(self, nodes: list[TreeNode], mode: str) -> list[float]:
+        """Each node's value: density x saved / bytes (the module docstring). The
+        policy's inner loop, so what is fixed for the call is read once."""
+        items, density = self.items, self.density.density
+        table, clock, ages = items.table, items.clock, self.settings.ages
+        sized = mode != "slot" and self.settings.sizes
+        kvb, sb = self.ctx.kv_unit_bytes, self.ctx.state_bytes
+        out: list[float] = []
+        for node in nodes:
+            item = table[node]
+            d = density(item.cls, clock - item.start if ages else 0)
+            if not d:
+                out.append(0.0)
+                continue
+            size = 1.0
+            if sized:  # what evicting it frees: a leaf's KV too
+                kv = 0 if node.children else items.kv_freed(node)
+                size = float(max(1, kv)) if mode == "kv" else float(sb + kv * kvb)
+            out.append(d * items.saved(node, item) / size)
+        return out
 
     def _flops(self, units: int) -> float:
         return self.ctx.profile.prefill_flops(0, units * self.ctx.unit_tokens)
