@@ -116,12 +116,27 @@ def shared_documents(seed: int) -> Trace:
     return trace
 
 
+def two_turn_chats(seed: int) -> Trace:
+    """Two-turn chats without a shared system prompt, prompts and answers of 32-256 tokens
+    (the generator's defaults), 80 sessions: `multi_turn` where a conversation holds few
+    tokens beside its state, and the sequential discipline's backlog puts many newer first
+    turns between a conversation's two turns."""
+    trace = multi_turn(
+        sessions=80, turns=(2, 2), shared_system=False, system_tokens=(0, 0), seed=seed
+    )
+    trace.name = "synthetic-two-turn"
+    return trace
+
+
 GENERATORS = {
     "synthetic-multi-turn": multi_turn,
     "synthetic-shared-prefix": shared_prefix,
     "synthetic-agent": agent_loop,
 }
-TUNING_GENERATORS = {"synthetic-shared-doc": shared_documents}
+TUNING_GENERATORS = {
+    "synthetic-shared-doc": shared_documents,
+    "synthetic-two-turn": two_turn_chats,
+}
 SEEDS = {"evaluation": list(range(5)), "tuning": list(range(100, 105))}
 REAL = {
     "evaluation": ["mooncake", "swe-agent", "chitchat", "mt-bench"],

@@ -73,6 +73,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "mambaradix/without-shared-budget": {"shared_budget": False},
     "mambaradix/without-room": {"room": False},
     "mambaradix/without-tier-split": {"tier_split": False},
+    "mambaradix/without-queue": {"queue": False},
 }
 """Each ablation row of the evaluation: our policy without one constant or rule."""
 
@@ -90,11 +91,12 @@ class Settings:
     shared_budget: bool = True  # KV and states on one byte budget; else split pools
     room: bool = True  # one budget: evict states to admit a request that would be dropped
     tier_split: bool = True  # with a host or store tier: split pools (`MambaRadix.one_budget`)
+    queue: bool = True  # a state a waiting request will hit: at least 1 hit per tick till then
 
     def __post_init__(self) -> None:
         as_finite_nonnegative(self.prior, "prior")
         names = ("classes", "ages", "sizes", "admission", "prompt_ends", "free_pass")
-        for name in (*names, "shared_budget", "room", "tier_split"):
+        for name in (*names, "shared_budget", "room", "tier_split", "queue"):
             as_bool(getattr(self, name), name)
         as_int_nonnegative(self.sample, "sample")
 
@@ -114,6 +116,7 @@ class MambaRadix(Policy):
         self.density = HitDensity(self.settings.prior)
         self.planned: dict[int, dict[int, str]] = {}  # id(req) -> position -> kind
         self.rng = random.Random(C.RANK_SEED)
+        self.known: dict[TreeNode, int] = {}  # state -> ticks until a waiting request hits it
 
 
     def one_budget(self, tiered: bool) -> bool:
@@ -177,6 +180,7 @@ class MambaRadix(Policy):
         if short <= 0:
             return
         self.items.settle()
+        self._look_ahead()
         others = [n for n in self.items.nodes if n is not m.node and self._evictable(n, "shared")]
         if len(others) * sb < short:
             return  # it does not fit even without them: keep them
@@ -242,6 +246,7 @@ class MambaRadix(Policy):
     def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
         ctx = self.ctx
         self.items.settle()
+        self._look_ahead()
         if ctx.shared_memory:
             kvb, sb = ctx.kv_unit_bytes, ctx.state_bytes
             need = kv_units * kvb + states * sb
@@ -265,6 +270,18 @@ class MambaRadix(Policy):
             )
         return r
 
+    def _look_ahead(self) -> None:
+        """`known`: the state each waiting request would hit now, and in how
+        many ticks (admissions) it is admitted, served first come first."""
+        self.known = {}
+        if not self.settings.queue:
+            return
+        tree, table = self.tree, self.items.table
+        for ticks, req in enumerate(self.ctx.waiting(), start=1):
+            m = tree.match_prefix(req.tokens[: req.total_len - 1], req.extra_key, read_only=True)
+            if m.prefix_len and m.node in table:
+                self.known.setdefault(m.node, ticks)
+
     def _ranked(self, mode: str) -> list[TreeNode]:
         """Evictable states, lowest value first: all of them, or a seeded
         sample of `RANK_SAMPLE` when there are more (LHD's method)."""
@@ -280,6 +297,7 @@ class MambaRadix(Policy):
 
     def _lowest(self, mode: str) -> float | None:
         self.items.settle()
+        self._look_ahead()
         order = self._ranked(mode)
         return self._value(order[0], mode) if order else None
 
@@ -296,6 +314,9 @@ class MambaRadix(Policy):
         item = items.table[node]
         age = items.clock - item.start if self.settings.ages else 0
         density = self.density.density(item.cls, age)
+        ticks = self.known.get(node)
+        if ticks is not None:  # a known hit in `ticks` ticks: at least 1 / ticks per tick
+            density = max(density, 1.0 / ticks)
         if not density:
             return 0.0
         return density * items.saved(node, item) / self._bytes(node, mode)
