@@ -118,7 +118,6 @@ class MambaRadix(Policy):
         self.rng = random.Random(C.RANK_SEED)
         self.known: dict[TreeNode, int] = {}  # state -> ticks until a waiting request hits it
 
-
     def one_budget(self, tiered: bool) -> bool:
         """One byte budget on a device alone; with a host or store tier, split pools (which
         demote more states below). Set on the tuning material (`bench/tuning_pairs.py`,
@@ -126,6 +125,7 @@ class MambaRadix(Policy):
         10-12 points more on the device alone; with 10 GB of host memory split pools hold
         1.8 and 2.7 points more at 1 GB, -1.1 and +0.1 at 2 GB (docs/methodology.md)."""
         return self.shared_budget and not (tiered and self.settings.tier_split)
+
     def attach(self, ctx: PolicyContext) -> None:
         super().attach(ctx)
         assert ctx.tree is not None, "our policy keeps per-node data: the context needs the tree"
