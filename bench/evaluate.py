@@ -453,7 +453,7 @@ def summary(
         lines.append(f"| {p} | {t['win']} | {t['tie']} | {t['loss']} |")
     lines += ["", deployable_summary(results)]
     for workload, disc in TARGETS:
-        if workload not in results:
+        if disc not in results.get(workload, {}):
             continue
         cells = results[workload][disc]
         marks = []
@@ -514,11 +514,20 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated workloads (default: all)")
     ap.add_argument("--policies", default=None, help="comma-separated rows (default: all)")
     ap.add_argument("--seeds", type=int, default=0, help="first N seeds per generator (0: all)")
+    ap.add_argument(
+        "--disciplines", default=None, help="comma-separated disciplines (default: all)"
+    )
     args = ap.parse_args()
     start = time.perf_counter()
     groups = load_material(args.material, args.limit, args.seeds)
     if args.only:
         groups = {w: ks for w, ks in groups.items() if w in args.only.split(",")}
+    if args.disciplines:
+        keep = args.disciplines.split(",")
+        if unknown := [d for d in keep if d not in DISCIPLINES]:
+            sys.exit(f"evaluate: --disciplines: unknown {', '.join(unknown)}")
+        for w in groups:
+            _POINTS[w] = {d: ms for d, ms in _POINTS[w].items() if d in keep}
     ablations = [NO_TUNING, *ABLATIONS]
     rows = args.policies.split(",") if args.policies else POLICIES + ablations
     rows = list(dict.fromkeys(POLICIES + rows))
