@@ -39,6 +39,16 @@ state, before it is matched other states go (lowest value first) until it fits
 (`before_match`): dropped, it would lose its hit. Ablation
 `mambaradix/without-room`.
 
+Queue: a state that a waiting request would hit now is a hit known in advance:
+the request is admitted in `ticks` admissions (its place in the first-come
+queue), so the state holds at least 1 / ticks hits per tick until then, its
+density if the learned one is lower (`_look_ahead`). Without it, when requests
+queue (Marconi's one-at-a-time discipline behind a backlog), a conversation's
+next turn waits behind many newer first turns; the learned densities only see
+the ages states were kept to, so nothing tells the value model that a state
+older than that will be hit, and every conversation's state goes before its
+next turn is served. Ablation `mambaradix/without-queue`.
+
 Every constant is in `constants`, each with an ablation (`ABLATIONS`).
 """
 
