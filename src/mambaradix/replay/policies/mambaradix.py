@@ -127,6 +127,7 @@ class MambaRadix(Policy):
         self.planned: dict[int, dict[int, str]] = {}  # id(req) -> position -> kind
         self.rng = random.Random(C.RANK_SEED)
         self.known: dict[TreeNode, int] = {}  # state -> ticks until a waiting request hits it
+        self.seen: dict[int, tuple[Request, TreeNode | None]] = {}  # waiting: the state it hits
 
     def one_budget(self, tiered: bool) -> bool:
         """One byte budget on a device alone; with a host or store tier, split pools (which
@@ -281,16 +282,27 @@ class MambaRadix(Policy):
         return r
 
     def _look_ahead(self) -> None:
-        """`known`: the state each waiting request would hit now, and in how
-        many ticks (admissions) it is admitted, served first come first."""
+        """`known`: the state each waiting request would hit, and in how many
+        ticks (admissions) it is admitted, served first come first. A request
+        is matched when first seen waiting, and again only when the state it
+        would hit goes (a match per request, not per eviction: queues can hold
+        thousands); a state cached on its path after that is not seen (closed
+        loop queues a turn after its previous turn's state is cached)."""
         self.known = {}
         if not self.settings.queue:
             return
-        tree, table = self.tree, self.items.table
+        tree, table, seen = self.tree, self.items.table, self.seen
+        now: dict[int, tuple[Request, TreeNode | None]] = {}
         for ticks, req in enumerate(self.ctx.waiting(), start=1):
-            m = tree.match_prefix(req.tokens[: req.total_len - 1], req.extra_key, read_only=True)
-            if m.prefix_len and m.node in table:
-                self.known.setdefault(m.node, ticks)
+            got = seen.get(id(req))
+            if got is None or got[0] is not req or (got[1] is not None and got[1] not in table):
+                key = req.tokens[: req.total_len - 1]
+                m = tree.match_prefix(key, req.extra_key, read_only=True)
+                got = (req, m.node if m.prefix_len and m.node in table else None)
+            now[id(req)] = got
+            if got[1] is not None:
+                self.known.setdefault(got[1], ticks)
+        self.seen = now
 
     def _ranked(self, mode: str) -> list[TreeNode]:
         """Evictable states, lowest value first: all of them, or a seeded
