@@ -33,8 +33,12 @@ conversations 300-599; the evaluation's chitchat is conversations 0-299),
 plus the classes where our policy was weakest on unseen traces (`TIGHT`):
 `synthetic-shared-doc` (8 shared documents of 8k-16k tokens) and
 `synthetic-agent` below the evaluation's smallest memory, both also with
-Qwen3-Next-80B-A3B's state (`serving-qwen3-next`). Our policy's constants
-were set on that material only (`mambaradix/replay/policies/constants.py`).
+Qwen3-Next-80B-A3B's state (`serving-qwen3-next`), and `synthetic-two-turn`
+(80 two-turn chats of short prompts: in the sequential discipline the
+backlog puts many newer first turns between a chat's two turns). Our policy's
+constants were set on that material only (`mambaradix/replay/policies/constants.py`).
+
+`--only` and `--disciplines` run a part of the points (every row at each).
 
 Writes OUT.md (the tables) and OUT.json (every result); prints the tables.
 """
