@@ -522,14 +522,16 @@ def main() -> None:
         "--disciplines", default=None, help="comma-separated disciplines (default: all)"
     )
     args = ap.parse_args()
+    keep = args.disciplines.split(",") if args.disciplines else list(DISCIPLINES)
+    if unknown := [d for d in keep if d not in DISCIPLINES]:
+        ap.error(
+            f"--disciplines: unknown {', '.join(unknown)}; choose from {', '.join(DISCIPLINES)}"
+        )
     start = time.perf_counter()
     groups = load_material(args.material, args.limit, args.seeds)
     if args.only:
         groups = {w: ks for w, ks in groups.items() if w in args.only.split(",")}
     if args.disciplines:
-        keep = args.disciplines.split(",")
-        if unknown := [d for d in keep if d not in DISCIPLINES]:
-            sys.exit(f"evaluate: --disciplines: unknown {', '.join(unknown)}")
         for w in groups:
             _POINTS[w] = {d: ms for d, ms in _POINTS[w].items() if d in keep}
     ablations = [NO_TUNING, *ABLATIONS]
