@@ -33,8 +33,12 @@ conversations 300-599; the evaluation's chitchat is conversations 0-299),
 plus the classes where our policy was weakest on unseen traces (`TIGHT`):
 `synthetic-shared-doc` (8 shared documents of 8k-16k tokens) and
 `synthetic-agent` below the evaluation's smallest memory, both also with
-Qwen3-Next-80B-A3B's state (`serving-qwen3-next`). Our policy's constants
-were set on that material only (`mambaradix/replay/policies/constants.py`).
+Qwen3-Next-80B-A3B's state (`serving-qwen3-next`), and `synthetic-two-turn`
+(80 two-turn chats of short prompts: in the sequential discipline the
+backlog puts many newer first turns between a chat's two turns). Our policy's
+constants were set on that material only (`mambaradix/replay/policies/constants.py`).
+
+`--only` and `--disciplines` run a part of the points (every row at each).
 
 Writes OUT.md (the tables) and OUT.json (every result); prints the tables.
 """
@@ -116,12 +120,27 @@ def shared_documents(seed: int) -> Trace:
     return trace
 
 
+def two_turn_chats(seed: int) -> Trace:
+    """Two-turn chats without a shared system prompt, prompts and answers of 32-256 tokens
+    (the generator's defaults), 80 sessions: `multi_turn` where a conversation holds few
+    tokens beside its state, and the sequential discipline's backlog puts many newer first
+    turns between a conversation's two turns."""
+    trace = multi_turn(
+        sessions=80, turns=(2, 2), shared_system=False, system_tokens=(0, 0), seed=seed
+    )
+    trace.name = "synthetic-two-turn"
+    return trace
+
+
 GENERATORS = {
     "synthetic-multi-turn": multi_turn,
     "synthetic-shared-prefix": shared_prefix,
     "synthetic-agent": agent_loop,
 }
-TUNING_GENERATORS = {"synthetic-shared-doc": shared_documents}
+TUNING_GENERATORS = {
+    "synthetic-shared-doc": shared_documents,
+    "synthetic-two-turn": two_turn_chats,
+}
 SEEDS = {"evaluation": list(range(5)), "tuning": list(range(100, 105))}
 REAL = {
     "evaluation": ["mooncake", "swe-agent", "chitchat", "mt-bench"],
@@ -439,7 +458,7 @@ def summary(
         lines.append(f"| {p} | {t['win']} | {t['tie']} | {t['loss']} |")
     lines += ["", deployable_summary(results)]
     for workload, disc in TARGETS:
-        if workload not in results:
+        if disc not in results.get(workload, {}):
             continue
         cells = results[workload][disc]
         marks = []
@@ -500,11 +519,22 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated workloads (default: all)")
     ap.add_argument("--policies", default=None, help="comma-separated rows (default: all)")
     ap.add_argument("--seeds", type=int, default=0, help="first N seeds per generator (0: all)")
+    ap.add_argument(
+        "--disciplines", default=None, help="comma-separated disciplines (default: all)"
+    )
     args = ap.parse_args()
+    keep = args.disciplines.split(",") if args.disciplines else list(DISCIPLINES)
+    if unknown := [d for d in keep if d not in DISCIPLINES]:
+        ap.error(
+            f"--disciplines: unknown {', '.join(unknown)}; choose from {', '.join(DISCIPLINES)}"
+        )
     start = time.perf_counter()
     groups = load_material(args.material, args.limit, args.seeds)
     if args.only:
         groups = {w: ks for w, ks in groups.items() if w in args.only.split(",")}
+    if args.disciplines:
+        for w in groups:
+            _POINTS[w] = {d: ms for d, ms in _POINTS[w].items() if d in keep}
     ablations = [NO_TUNING, *ABLATIONS]
     rows = args.policies.split(",") if args.policies else POLICIES + ablations
     rows = list(dict.fromkeys(POLICIES + rows))

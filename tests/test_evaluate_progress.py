@@ -76,3 +76,15 @@ def test_interrupted_it_exits_with_the_signals_code(
     monkeypatch.setattr(sys, "argv", ["evaluate.py"])
     assert evaluate.interruptible() == code
     assert "nothing written" in capsys.readouterr().err
+
+
+def test_an_unknown_discipline_is_refused_before_any_work() -> None:
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parents[1] / "src")}
+    argv = [sys.executable, str(BENCH), "--disciplines", "sequential,bogus"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2
+    assert "--disciplines: unknown bogus" in done.stderr
+    assert "runs on" not in done.stderr  # no material loaded, no job listed

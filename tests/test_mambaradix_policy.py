@@ -137,11 +137,28 @@ def test_states_taken_mid_request_are_born_covered() -> None:
 # --------------------------------------------------------- value and order
 
 
-def attached(shared: bool = False, free: int = 0) -> tuple[MambaRadix, MambaRadixCache]:
+def attached(
+    shared: bool = False,
+    free: int = 0,
+    waiting: list[Request] | None = None,
+    name: str = "mambaradix",
+) -> tuple[MambaRadix, MambaRadixCache]:
     tree = MambaRadixCache(page_size=1)
-    pol = make_policy("mambaradix")
+    pol = make_policy(name)
     assert isinstance(pol, MambaRadix)
-    ctx = PolicyContext(UNIT, 1, 64, 10, 1000, 10, lambda: free, tree=tree, shared_memory=shared)
+    queue = waiting if waiting is not None else []
+    ctx = PolicyContext(
+        UNIT,
+        1,
+        64,
+        10,
+        1000,
+        10,
+        lambda: free,
+        tree=tree,
+        shared_memory=shared,
+        waiting=lambda: queue,
+    )
     pol.attach(ctx)
     return pol, tree
 
@@ -192,6 +209,36 @@ def test_eviction_takes_the_lowest_value_first() -> None:
     r = pol.evict(tree, 0, 1)
     assert r.freed_states == [0] and r.freed_kv.tolist() == []  # a's slot; its KV stays
     assert a.state is None and old.state == 2 and b.state == 1
+
+
+def test_a_state_a_waiting_request_will_hit_holds_a_hit_per_tick_until_then() -> None:
+    """One budget, states of 100 B, KV 10 B a token. A = [1, 2, 3] and B = [7, 8, 9, 10],
+    two finished sequences (leaves), both at age 0. The policy has learned that finished
+    sequences are not hit: 20 segments ended at age 1 without a hit, so (density.py) life
+    = 20 x 1.5 = 30 ticks, mean segment 1.5, prior weight 1.5, the class's rate 1 / 31.5,
+    and the density at age 0 is (0 + 1.5 / 31.5) / (30 + 1.5) = 1 / 661.5 for both.
+    Values: A F(3) / (100 + 30) = 9 / 130 / 661.5, B F(4) / 140 = 14 / 140 / 661.5: A is
+    the lower and goes first. The queue holds a request that hits nothing, then one whose
+    prompt extends A: it is admitted in 2 ticks, so A holds at least 1 / 2 hit per tick
+    until then: A's value is 9 / 130 / 2, and B (1 / 661.5 < 1 / 2) goes instead."""
+    later = Request(array("q", [1, 2, 3, 11, 12]))  # matches A: 3 tokens
+    waiting = [Request(array("q", [20, 21, 22])), later]
+    for name, kept, gone in (("mambaradix", 0, 1), ("mambaradix/without-queue", 1, 0)):
+        pol, tree = attached(shared=True, waiting=waiting, name=name)
+        for _ in range(20):
+            pol.density.record(("finish", False, False), 1, False)
+        pol.density.tick()
+        a = cached(pol, tree, [1, 2, 3], 0, "finish")
+        b = cached(pol, tree, [7, 8, 9, 10], 1, "finish")
+        assert pol.density.density(("finish", False, False), 0) == pytest.approx(1 / 661.5)
+        r = pol.evict(tree, 0, 1)
+        assert r.freed_states == [gone], name
+        assert (a.state if kept == 0 else b.state) == kept
+        if name == "mambaradix":
+            assert pol.known == {a: 2}
+            assert pol._value(a, "shared") == pytest.approx(F(3) / 130 / 2)
+        else:
+            assert pol.known == {}
 
 
 def test_admission_compares_with_the_state_it_would_displace() -> None:

@@ -361,6 +361,7 @@ class ServingModel:
             budget_units=max(1, self.cfg.chunk_tokens // self.units.unit),
             rows=self.cache.rows,
             cache=self.cache,
+            waiting=lambda: [seq.req for seq in self.scheduler.waiting],
         )
 
     # ------------------------------------------------------------------- run

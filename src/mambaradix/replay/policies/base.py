@@ -50,6 +50,7 @@ class PolicyContext:
     budget_units: int = 0  # the configured prefill token budget in units (not paged)
     rows: RowTable | None = None  # the request-to-token table (a request's KV indices)
     cache: CacheManager | None = None  # the lifecycle (its eviction counters)
+    waiting: Callable[[], list[Request]] = list  # the requests queued, in admission order
 
     def __post_init__(self) -> None:
         if not self.state_bytes:

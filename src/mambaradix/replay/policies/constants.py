@@ -68,3 +68,5 @@ RANK_SEED = 0
 #                (mambaradix/without-free-pass: always compare)
 #   room         one budget, nothing in flight: states go to admit a request that
 #                hits a state and would be dropped (mambaradix/without-room)
+#   queue        a state a waiting request would hit holds at least 1 / (its place in
+#                the queue) hits per tick (mambaradix/without-queue)

@@ -39,6 +39,16 @@ state, before it is matched other states go (lowest value first) until it fits
 (`before_match`): dropped, it would lose its hit. Ablation
 `mambaradix/without-room`.
 
+Queue: a state that a waiting request would hit now is a hit known in advance:
+the request is admitted in `ticks` admissions (its place in the first-come
+queue), so the state holds at least 1 / ticks hits per tick until then, its
+density if the learned one is lower (`_look_ahead`). Without it, when requests
+queue (Marconi's one-at-a-time discipline behind a backlog), a conversation's
+next turn waits behind many newer first turns; the learned densities only see
+the ages states were kept to, so nothing tells the value model that a state
+older than that will be hit, and every conversation's state goes before its
+next turn is served. Ablation `mambaradix/without-queue`.
+
 Every constant is in `constants`, each with an ablation (`ABLATIONS`).
 """
 
@@ -73,6 +83,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "mambaradix/without-shared-budget": {"shared_budget": False},
     "mambaradix/without-room": {"room": False},
     "mambaradix/without-tier-split": {"tier_split": False},
+    "mambaradix/without-queue": {"queue": False},
 }
 """Each ablation row of the evaluation: our policy without one constant or rule."""
 
@@ -90,11 +101,12 @@ class Settings:
     shared_budget: bool = True  # KV and states on one byte budget; else split pools
     room: bool = True  # one budget: evict states to admit a request that would be dropped
     tier_split: bool = True  # with a host or store tier: split pools (`MambaRadix.one_budget`)
+    queue: bool = True  # a state a waiting request will hit: at least 1 hit per tick till then
 
     def __post_init__(self) -> None:
         as_finite_nonnegative(self.prior, "prior")
         names = ("classes", "ages", "sizes", "admission", "prompt_ends", "free_pass")
-        for name in (*names, "shared_budget", "room", "tier_split"):
+        for name in (*names, "shared_budget", "room", "tier_split", "queue"):
             as_bool(getattr(self, name), name)
         as_int_nonnegative(self.sample, "sample")
 
@@ -114,6 +126,8 @@ class MambaRadix(Policy):
         self.density = HitDensity(self.settings.prior)
         self.planned: dict[int, dict[int, str]] = {}  # id(req) -> position -> kind
         self.rng = random.Random(C.RANK_SEED)
+        self.known: dict[TreeNode, int] = {}  # state -> ticks until a waiting request hits it
+        self.seen: dict[int, tuple[Request, TreeNode | None]] = {}  # waiting: the state it hits
 
     def one_budget(self, tiered: bool) -> bool:
         """One byte budget on a device alone; with a host or store tier, split pools (which
@@ -177,6 +191,7 @@ class MambaRadix(Policy):
         if short <= 0:
             return
         self.items.settle()
+        self._look_ahead()
         others = [n for n in self.items.nodes if n is not m.node and self._evictable(n, "shared")]
         if len(others) * sb < short:
             return  # it does not fit even without them: keep them
@@ -242,6 +257,7 @@ class MambaRadix(Policy):
     def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
         ctx = self.ctx
         self.items.settle()
+        self._look_ahead()
         if ctx.shared_memory:
             kvb, sb = ctx.kv_unit_bytes, ctx.state_bytes
             need = kv_units * kvb + states * sb
@@ -265,6 +281,29 @@ class MambaRadix(Policy):
             )
         return r
 
+    def _look_ahead(self) -> None:
+        """`known`: the state each waiting request would hit, and in how many
+        ticks (admissions) it is admitted, served first come first. A request
+        is matched when first seen waiting, and again only when the state it
+        would hit goes (a match per request, not per eviction: queues can hold
+        thousands); a state cached on its path after that is not seen (closed
+        loop queues a turn after its previous turn's state is cached)."""
+        self.known = {}
+        if not self.settings.queue:
+            return
+        tree, table, seen = self.tree, self.items.table, self.seen
+        now: dict[int, tuple[Request, TreeNode | None]] = {}
+        for ticks, req in enumerate(self.ctx.waiting(), start=1):
+            got = seen.get(id(req))
+            if got is None or got[0] is not req or (got[1] is not None and got[1] not in table):
+                key = req.tokens[: req.total_len - 1]
+                m = tree.match_prefix(key, req.extra_key, read_only=True)
+                got = (req, m.node if m.prefix_len and m.node in table else None)
+            now[id(req)] = got
+            if got[1] is not None:
+                self.known.setdefault(got[1], ticks)
+        self.seen = now
+
     def _ranked(self, mode: str) -> list[TreeNode]:
         """Evictable states, lowest value first: all of them, or a seeded
         sample of `RANK_SAMPLE` when there are more (LHD's method)."""
@@ -286,6 +325,7 @@ class MambaRadix(Policy):
     def _lowest(self, mode: str) -> float | None:
         """The value `_ranked(mode)` puts first (the same draw; no sort)."""
         self.items.settle()
+        self._look_ahead()
         cands = self._candidates(mode)
         return min(self._values(cands, mode)) if cands else None
 
@@ -307,10 +347,14 @@ class MambaRadix(Policy):
         table, clock, ages = items.table, items.clock, self.settings.ages
         sized = mode != "slot" and self.settings.sizes
         kvb, sb = self.ctx.kv_unit_bytes, self.ctx.state_bytes
+        known = self.known
         out: list[float] = []
         for node in nodes:
             item = table[node]
             d = density(item.cls, clock - item.start if ages else 0)
+            ticks = known.get(node)
+            if ticks is not None:  # a known hit in `ticks` ticks: at least 1 / ticks per tick
+                d = max(d, 1.0 / ticks)
             if not d:
                 out.append(0.0)
                 continue
