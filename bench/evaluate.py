@@ -503,6 +503,34 @@ def deployable_summary(results: dict[str, Any]) -> str:
     return text
 
 
+def merged(paths: list[str]) -> dict[str, Any]:
+    """The results of several parts' JSON files (`--out`), point by point; a point in a
+    later file replaces the same point of an earlier one (a part re-run)."""
+    results: dict[str, Any] = {}
+    for path in paths:
+        for workload, by_disc in json.loads(Path(path).read_text())["results"].items():
+            for disc, cells_at in by_disc.items():
+                at = results.setdefault(workload, {}).setdefault(disc, {})
+                at.update({float(m): cells for m, cells in cells_at.items()})
+    return results
+
+
+def merged_summary(results: dict[str, Any]) -> str:
+    """`summary`'s verdict counts over merged parts (no runs or seconds: the parts have
+    theirs)."""
+    others = [p for p in POLICIES if p != OURS]
+    tally = {"win": 0, "tie": 0, "loss": 0}
+    against = {p: {"win": 0, "tie": 0, "loss": 0} for p in others}
+    for by_disc in results.values():
+        for cells_at in by_disc.values():
+            for cells in cells_at.values():
+                tally[point_verdict(cells, others)[0]] += 1
+                for p in others:
+                    against[p][verdict(cells[OURS], cells[p])[0]] += 1
+    text = summary(tally, against, results, 0, 0.0, 0)
+    return text.replace(" (0 runs in 0 s with 0 workers)", " (merged parts)", 1)
+
+
 def _seed_range(keys: list[str]) -> str:
     seeds = [int(k.split("#")[1]) for k in keys]
     return f"{min(seeds)}-{max(seeds)}"
@@ -522,7 +550,17 @@ def main() -> None:
     ap.add_argument(
         "--disciplines", default=None, help="comma-separated disciplines (default: all)"
     )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="print the verdicts over these parts' "
+        "JSON files (later files replace the same points of earlier ones); run nothing",
+    )
     args = ap.parse_args()
+    if args.merge:
+        print(merged_summary(merged(args.merge)))
+        return
     keep = args.disciplines.split(",") if args.disciplines else list(DISCIPLINES)
     if unknown := [d for d in keep if d not in DISCIPLINES]:
         ap.error(

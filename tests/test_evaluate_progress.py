@@ -88,3 +88,39 @@ def test_an_unknown_discipline_is_refused_before_any_work() -> None:
     assert done.returncode == 2
     assert "--disciplines: unknown bogus" in done.stderr
     assert "runs on" not in done.stderr  # no material loaded, no job listed
+
+
+def _cell(rate: float, parts: list[float]) -> dict[str, object]:
+    return {"rate": rate, "parts": parts, "spread": 0.0}
+
+
+def test_merged_parts_count_each_point_once_the_later_part_winning(
+    evaluate: ModuleType, tmp_path: Path
+) -> None:
+    """Two parts' JSON files (memory keys as JSON writes them); the second re-runs one of
+    the first's points. By hand: ours 0.5 vs at most 0.4 with paired differences 0.1, 0.2,
+    0.1 (sd 0.058) is a win; the re-run point at 0.3 vs 0.4 (differences -0.1, -0.05, -0.15,
+    sd 0.05) a loss."""
+    import json
+
+    others = [p for p in evaluate.POLICIES if p != evaluate.OURS]
+
+    def point(ours: float, ours_parts: list[float]) -> dict[str, object]:
+        cells = {p: _cell(0.4, [0.4, 0.3, 0.5]) for p in others}
+        cells[evaluate.OURS] = _cell(ours, ours_parts)
+        return cells
+
+    first = {"results": {"w": {"serving": {"1.0": point(0.5, [0.5, 0.5, 0.6]),
+                                           "2.0": point(0.5, [0.5, 0.5, 0.6])}}}}  # fmt: skip
+    second = {"results": {"w": {"serving": {"2.0": point(0.3, [0.3, 0.25, 0.35])}}}}
+    paths = []
+    for i, data in enumerate((first, second)):
+        paths.append(tmp_path / f"part{i}.json")
+        paths[-1].write_text(json.dumps(data))
+    results = evaluate.merged([str(p) for p in paths])
+    assert list(results["w"]["serving"]) == [1.0, 2.0]
+    text = evaluate.merged_summary(results)
+    assert text.startswith(
+        f"{evaluate.OURS} against every other policy at once, per point: 1 wins, 0 ties, "
+        "1 losses of 2 points (merged parts)."
+    )
