@@ -34,7 +34,7 @@ plus the classes where our policy was weakest on unseen traces (`TIGHT`):
 `synthetic-shared-doc` (8 shared documents of 8k-16k tokens) and
 `synthetic-agent` below the evaluation's smallest memory, both also with
 Qwen3-Next-80B-A3B's state (`serving-qwen3-next`). Our policy's constants
-were set on that material only (`mambaradix/replay/policies/constants.py`).
+were set on that material only (`mambaradix/policies/constants.py`).
 
 Writes OUT.md (the tables) and OUT.json (every result); prints the tables.
 """
@@ -54,11 +54,11 @@ from pathlib import Path
 from typing import Any
 
 from mambaradix.cli.signals import as_interrupts, exit_code, said
+from mambaradix.geometry.profile import get_profile
+from mambaradix.policies import ABLATIONS, ORACLE
+from mambaradix.policies.constants import RANK_SAMPLE
 from mambaradix.replay.bound import bound_token_hit_rate
 from mambaradix.replay.forked import run_forked
-from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import ABLATIONS, ORACLE
-from mambaradix.replay.policies.constants import RANK_SAMPLE
 from mambaradix.replay.run import oracle_result, oracle_runs, replay
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from evaluate import DISCIPLINES, GENERATORS, SEEDS, TUNING_GENERATORS  # noqa: E402
-from mambaradix.replay.models import get_profile  # noqa: E402
+from mambaradix.geometry.profile import get_profile  # noqa: E402
 from mambaradix.replay.run import replay  # noqa: E402
 from mambaradix.replay.serving import ServingConfig  # noqa: E402
 

@@ -24,10 +24,8 @@ from dataclasses import replace
 import pytest
 
 from mambaradix.core.tree import MambaRadixCache
-from mambaradix.pools import StateSlotAllocator, TokenKVAllocator
-from mambaradix.replay.bound import bound_hit_tokens, bound_token_hit_rate
-from mambaradix.replay.models import ModelProfile, get_profile
-from mambaradix.replay.policies import (
+from mambaradix.geometry.profile import ModelProfile, get_profile
+from mambaradix.policies import (
     ORACLE,
     POLICIES,
     TIER_ROWS,
@@ -36,6 +34,8 @@ from mambaradix.replay.policies import (
     PolicyContext,
     make_policy,
 )
+from mambaradix.pools import StateSlotAllocator, TokenKVAllocator
+from mambaradix.replay.bound import bound_hit_tokens, bound_token_hit_rate
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace, TraceRequest

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from mambaradix.cli import main
+from mambaradix.geometry.profile import ModelProfile, get_profile
+from mambaradix.policies import SINGLE_RUN, make_policy
 from mambaradix.replay.checks import (
     policy_own_memory,
     policy_shared_budget,
@@ -21,8 +23,6 @@ from mambaradix.replay.checks import (
     policy_strategy,
 )
 from mambaradix.replay.fit import TRACK_SLOTS, check_memory, fit, policy_fit, pools_for
-from mambaradix.replay.models import ModelProfile, get_profile
-from mambaradix.replay.policies import SINGLE_RUN, make_policy
 from mambaradix.replay.run import replay, replay_checked
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.sweep import sweep, table

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.cluster import ClusterSpec, cluster_replay, cluster_replay_checked
-from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.run import replay, replay_checked
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace

@@ -8,6 +8,7 @@ from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any, BinaryIO
 
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.bound import bound_token_hit_rate
 from mambaradix.replay.cells import Cell, build_cells, row_key, run_sweep_cell
 from mambaradix.replay.checks import (
@@ -24,7 +25,6 @@ from mambaradix.replay.cluster import ClusterSpec
 from mambaradix.replay.executors import run_on
 from mambaradix.replay.fit import check_memory
 from mambaradix.replay.forked import run_forked
-from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.progress import Counter, counter
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.shards import Shard, shard_header

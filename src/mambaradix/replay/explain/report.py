@@ -6,9 +6,9 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.explain.attribute import CATEGORIES
 from mambaradix.replay.explain.records import Explanation
-from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.trace import Trace
 
 

@@ -2,7 +2,7 @@
 it lets go, the block hashes vLLM has cached, and what the tree loses when vLLM evicts.
 
 The `vllm` policy (`policies/vllm.py`) decides where states are kept; `BlockTables` keeps
-vLLM's books on the replay's block pool (`replay/vllm_pool.py`) at the moments vLLM would
+vLLM's books on the replay's block pool (`policies/vllm_pool.py`) at the moments vLLM would
 (file:line in ``vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl``):
 
 * a lookup takes its hit's blocks before the step allocates (`lookup`, pinned until the
@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
-from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager, Request
 from mambaradix.lifecycle.manager import RowTable
-from mambaradix.replay.policies.vllm_split import checkpoint_position
-from mambaradix.replay.vllm_pool import BlockPool, PoolKV, PoolSlots
-from mambaradix.scheduler import FINISH
+from mambaradix.policies.kinds import FINISH
+from mambaradix.policies.seam import PolicyTree
+from mambaradix.policies.vllm_pool import BlockPool, PoolKV, PoolSlots
+from mambaradix.policies.vllm_split import checkpoint_position
 
 __all__ = ["BlockTables", "Plan", "Run", "chain_hash"]
 
@@ -84,7 +84,7 @@ class BlockTables:
         pool: BlockPool,
         kv: PoolKV,
         slots: PoolSlots,
-        tree: MambaRadixCache,
+        tree: PolicyTree,
         rows: RowTable,
         cache: CacheManager | None,
     ) -> None:
