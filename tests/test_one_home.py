@@ -43,7 +43,7 @@ def test_the_strategy_names_are_declared_once() -> None:
 
 
 def test_the_scheduler_hooks_are_called_not_probed() -> None:
-    """`before_match`, `on_abort` (`mambaradix.policies.Policy`) and `pass_steps` (Forward) are declared."""
+    """`before_match`, `on_abort` (`policies.Policy`) and `pass_steps` (Forward) are declared."""
     probe = re.compile(r"getattr\([^)]*[\"'](before_match|on_abort|pass_steps)[\"']")
     found = [(p, i, s) for p, i, s in lines() if probe.search(s)]
     assert found == [], where(found)

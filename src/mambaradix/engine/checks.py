@@ -160,15 +160,26 @@ def check_policy(policy: object, compat: object, strategy: object) -> tuple[Poli
     return built, built.strategy
 
 
+def engine_policies() -> list[str]:
+    """The registered policies the engine runs (not those with their own memory)."""
+    return [
+        name
+        for name in POLICIES
+        if name != ORACLE
+        and not own_memory(built := make_policy(name))
+        and not own_tree_page(built)
+    ]
+
+
 def _policy_instance(policy: object) -> Policy:
     if isinstance(policy, str):
         if (retired := retired_reason([policy])) is not None:
             raise ValueError(retired)
         if policy == ORACLE or not is_known(policy):
-            hint = suggest(policy, POLICIES)
+            runs = engine_policies()
             raise ValueError(
-                f"policy {policy!r} is not a registered policy{hint}; choose from "
-                + ", ".join(p for p in POLICIES if p != ORACLE)
+                f"policy {policy!r} is not a policy the engine runs; choose from "
+                f"{', '.join(runs)}{suggest(policy, runs)}"
             )
         return make_policy(policy)
     if not isinstance(policy, Policy):

@@ -80,7 +80,6 @@ ORACLE = "marconi-oracle"
 """Not one policy but a set of runs (`mambaradix.replay.run.replay`)."""
 
 POLICIES: dict[str, Callable[[], Policy]] = {
-    "default": DefaultPolicy,
     "sglang": SGLang,
     "sglang-extra-buffer": SGLangExtraBuffer,
     "sglang-0.5.15.post1": SGLang0515,
@@ -93,6 +92,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "sglang-hicache": SGLangHiCache,
     "sglang-hicache-auto": SGLangHiCacheAuto,
     "vllm-offload": VLLMOffload,
+    "default": DefaultPolicy,  # the engine's default; the replay runs it when named
 }
 
 
@@ -178,7 +178,7 @@ def make_policy(name: str, **kwargs: Any) -> Policy:
         raise KeyError(f"policy {name!r} was retired: {RETIRED[name]}")
     if name not in POLICIES:
         known = ", ".join(POLICIES)
-        raise KeyError(f"unknown policy {name!r}{suggest(name, POLICIES)}; choose from {known}")
+        raise KeyError(f"unknown policy {name!r}; choose from {known}{suggest(name, POLICIES)}")
     return POLICIES[name](**kwargs)
 
 
