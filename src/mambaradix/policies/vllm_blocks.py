@@ -386,7 +386,7 @@ class BlockTables:
         if node is None:  # a state already gone: a leftover group block
             self.slots.slot_released(slot)
             return True
-        if node.st.lock or (not node.children and node.kv.lock):
+        if node.state_lock or (not node.children and node.kv_lock):
             # a running request's own kept state, released but locked by our lifecycle
             # (its path): vLLM evicts it; the tree lets it go once the request does
             self.dead.add(node)
@@ -396,7 +396,7 @@ class BlockTables:
 
     def sweep(self) -> None:
         """Evict the states vLLM evicted while a running request locked them."""
-        for node in [n for n in self.dead if not n.st.lock and (n.children or not n.kv.lock)]:
+        for node in [n for n in self.dead if not n.state_lock and (n.children or not n.kv_lock)]:
             self.dead.discard(node)
             if node.parent is not None and node.state is not None:
                 self._free(self.tree.evict_state_of(node))
@@ -408,7 +408,7 @@ class BlockTables:
         if h is not None and list(self.hash_pages[h]) == [page]:
             node = self._tree_node(h)
             if node is not None:
-                if node.kv.lock:
+                if node.kv_lock:
                     return False
                 self._evict_below(node)
             self.tree_copy.pop(h, None)
