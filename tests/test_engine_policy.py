@@ -53,6 +53,14 @@ def test_the_policy_the_engine_runs(kw: dict[str, Any], expected: type) -> None:
     assert eng.mgr.tree.compat == eng.policy.compat  # a named policy brings its tree
 
 
+def test_the_cache_off_keeps_the_rules_of_the_compat() -> None:
+    """With the cache off nothing is cached, but the scheduler rules stay the tree
+    release's (SGLang's head-room), as with the cache on."""
+    on, off = (Engine(**SMALL, compat="sglang", prefix_cache=p) for p in (True, False))
+    assert on.mgr.rules == off.mgr.rules == "sglang-0.5.23"
+    assert Engine(**SMALL, prefix_cache=False).mgr.rules is None  # ours
+
+
 def test_the_default_keeps_the_engine_s_strategy() -> None:
     eng = Engine(**SMALL, strategy="extra_buffer")
     assert type(eng.policy) is DefaultPolicy and eng.policy.strategy == "extra_buffer"

@@ -194,10 +194,13 @@ class Engine:
         self.max_context = max_context
         self.adapter = PoolAdapter(self.net, kv_tokens, state_slots)
         tree_compat = compat if compat is not None or named is None else named.compat
-        self.policy = self._policy(named, resolve_compat(tree_compat), strategy)
+        deciding = (
+            named if named is not None else default_policy(resolve_compat(tree_compat), strategy)
+        )
+        self.policy: Policy = deciding if prefix_cache else NoCache()
         self._blank = copy.deepcopy(self.policy)  # unattached: `fresh_policy`
-        if sglang_rules is None:
-            sglang_rules = self.policy.sglang_rules
+        if sglang_rules is None:  # the rules of the policy the cache would run, on or off
+            sglang_rules = deciding.sglang_rules
         self.mgr = _cache_manager(
             self.adapter, kv_tokens, state_slots, max_running, max_context, page_size,
             strategy, tree_compat, self.policy.evict, sglang_rules,
@@ -234,12 +237,6 @@ class Engine:
             ),
             0,
         )
-
-    def _policy(self, named: Policy | None, compat: str | None, strategy: str) -> Policy:
-        """The policy that decides: `named`, or the one the tree's compat implies."""
-        if not self.prefix_cache:
-            return NoCache()
-        return named if named is not None else default_policy(compat, strategy)
 
     def _context(self, profile: ModelProfile, chunk_size: int) -> PolicyContext:
         """What the policy knows of this engine: its model's profile, one token per
