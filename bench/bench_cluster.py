@@ -70,7 +70,7 @@ def main() -> None:
         progress=False,
         routers=list(ROUTERS),
         cluster=spec,
-    )
+    ).to_json()
     wall = time.perf_counter() - start
     single = replay(trace, profile, args.policy, cfg)["replay_s"]
     print(table(data))

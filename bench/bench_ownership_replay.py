@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from mambaradix.core.tree import MambaRadixCache  # noqa: E402
 from mambaradix.geometry.profile import get_profile  # noqa: E402
+from mambaradix.replay.results import ReplayResult  # noqa: E402
 from mambaradix.replay.run import _replay  # noqa: E402
 from mambaradix.replay.serving import ServingConfig  # noqa: E402
 from mambaradix.replay.workloads import load  # noqa: E402
@@ -108,7 +109,7 @@ class Inside:
                 setattr(cls, name, method)
 
 
-def run_once(trace: Any, policy: str, cfg: ServingConfig, on: bool) -> dict[str, Any]:
+def run_once(trace: Any, policy: str, cfg: ServingConfig, on: bool) -> ReplayResult:
     gc.collect()
     profile = get_profile("nemotron-h-8b")
     if on:

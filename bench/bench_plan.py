@@ -68,7 +68,7 @@ def main() -> None:
         workers=args.workers,
         host_gbs=[float(x) for x in args.host_gb.split(",")] if args.host_gb else None,
         host_cost=args.host_cost,
-    )
+    ).to_json()
     wall = time.perf_counter() - start
     cpu = _cpu_s()
     replay_s = sum(r["replay_s"] for r in data["points"])

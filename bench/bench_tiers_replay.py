@@ -57,7 +57,7 @@ def load_trace(name: str, limit: int | None) -> Trace:
 def one(job: tuple[str, int | None, str, str, tuple[float, float, float]]) -> dict[str, Any]:
     name, limit, model, policy, (device, host, store) = job
     cfg = ServingConfig(memory_gb=device, host_gb=host, store_gb=store)
-    r = replay(load_trace(name, limit), get_profile(model), policy, cfg)
+    r = replay(load_trace(name, limit), get_profile(model), policy, cfg).to_json()
     r["point"] = [device, host, store]
     return r
 

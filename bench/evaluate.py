@@ -59,7 +59,7 @@ from mambaradix.policies import ABLATIONS, ORACLE
 from mambaradix.policies.constants import RANK_SAMPLE
 from mambaradix.replay.bound import bound_token_hit_rate
 from mambaradix.replay.forked import run_forked
-from mambaradix.replay.run import oracle_result, oracle_runs, replay
+from mambaradix.replay.run import oracle_pick, oracle_runs, replay
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace
 from mambaradix.replay.workloads import agent_loop, load, multi_turn, shared_prefix
@@ -311,7 +311,8 @@ def collect(
                     per_trace = []
                     for k in keys:
                         runs = [by_key[(k, disc, mem, run)] for run in runs_of(row, disc, mem)]
-                        per_trace.append(oracle_result(runs) if row == ORACLE else runs[0])
+                        best = oracle_pick([r["token_hit_rate"] for r in runs])
+                        per_trace.append(runs[best] if row == ORACLE else runs[0])
                     cells[row] = _cell(per_trace, synthetic=len(keys) > 1)
     return out
 

@@ -73,7 +73,7 @@ def main() -> None:
             [float(m) for m in MEMORY[name]],
             ServingConfig(memory_gb=1.0),
             progress=False,
-        )
+        ).to_json()
         seconds = time.perf_counter() - start
         data["sweep_s"] = seconds  # loading, bound and sweep: the heading's "sweep N s"
         everything[name] = data

@@ -236,6 +236,34 @@ def test_a_sweep_checks_each_memory_point_once(monkeypatch: pytest.MonkeyPatch) 
     assert calls[2:] == [(1.0, ("sglang",))]  # the public replay() still checks its point
 
 
+def test_the_replay_cli_checks_each_memory_point_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 20: `mambaradix replay` checked every point before the sweep (with its option
+    names), then the sweep checked it again; now the CLI hands the sweep its checks."""
+    import mambaradix.replay.fit as fit_module
+    import mambaradix.replay.sweep as sweep_module
+    from mambaradix.cli import main
+
+    calls: list[float] = []
+    check_memory = fit_module.check_memory
+
+    def counted(trace: Any, profile: Any, cfg: ServingConfig, strategies: Any, *a: Any) -> Any:
+        calls.append(cfg.memory_gb)
+        return check_memory(trace, profile, cfg, strategies, *a)
+
+    for module in (fit_module, sweep_module):  # wherever a check is looked up
+        monkeypatch.setattr(module, "check_memory", counted)
+    argv = ["replay", "--trace", "synthetic-multi-turn", "--limit", "12", "--memory", "1,2",
+            "--policy", "sglang,mambaradix", "--workers", "1", "--no-plot",
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert calls == [1.0, 2.0]
+    capsys.readouterr()
+    assert main([*argv[:-2], "--memory", "1e-6", "--no-progress"]) == 2  # still refused, named
+    assert "--memory 1e-06 GB holds" in capsys.readouterr().err
+
+
 def test_model_profile_still_checks_its_fields() -> None:
     prof = get_profile("marconi-7b")
     with pytest.raises(TypeError, match="state_bytes must be an int"):
@@ -627,7 +655,7 @@ def test_serving_config_takes_numpy_ints_as_ints() -> None:
     assert {k: v for k, v in got.items() if k not in wall} == {
         k: v for k, v in want.items() if k not in wall
     }
-    json.dumps(got)
+    json.dumps(got.to_json())
 
 
 POLICY_BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [

@@ -18,6 +18,7 @@ checks the committed files are what transformers writes today).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,25 @@ def test_a_config_that_cannot_be_modelled_names_the_key(
 ) -> None:
     cfg = {**_cfg("Falcon-H1-Tiny-90M"), **change}
     with pytest.raises(error, match=words):
+        from_config(cfg)
+
+
+@pytest.mark.parametrize(
+    ("name", "width"),
+    [
+        ("Falcon-H1-Tiny-90M", "hidden_size"),  # head size from hidden_size / heads
+        ("jamba-1.5-mini", "hidden_size"),
+        ("zamba2-2.7b", "2*hidden_size"),  # its attention reads [x, embeddings]
+    ],
+)
+def test_heads_that_do_not_split_the_width_name_the_key(name: str, width: str) -> None:
+    """By hand: hidden_size 4097 is odd, so no even head count divides it (nor 2 * 4097
+    for a head count of 4); the head size must come from the width, not a config key."""
+    cfg = {**_cfg(name), "hidden_size": 4097, "num_attention_heads": 4}
+    cfg.pop("head_dim", None)
+    cfg.pop("attention_head_dim", None)
+    says = re.escape(f"'num_attention_heads' (4) must divide {width}")
+    with pytest.raises(ValueError, match=says + "$"):
         from_config(cfg)
 
 

@@ -86,6 +86,7 @@ RULE_HOMES = {
     "block_size must be a positive int": "events/model.py",
     "unknown router": "replay/routers.py",
     "unknown dtype": "geometry/layers.py",
+    "must divide {what}": "geometry/cfgread.py",  # heads split a width (was in 3 places)
 }
 
 
@@ -125,3 +126,58 @@ def test_the_checks_can_fail() -> None:
     methods = "not all(callable(getattr(policy, m, None)) for m in POLICY_METHODS)"
     assert METHOD_PROBE.search(methods)
     assert METHOD_PROBE.search("if not callable(getattr(owner, name, None)):")
+
+
+# JSON codecs, not results: each returns the JSON of something typed or of JSON files.
+JSON_CODECS = {
+    "to_json",  # a result's JSON view (`mambaradix.results`)
+    "requests_json",  # `Explanation`'s per-request records, the JSONL lines
+    "event_json",  # an event's wire form on the index's HTTP API
+    "merge",  # shard files' JSON in, the merged sweep's JSON out (`replay.shards`)
+}
+
+
+def untyped_results(root: Path) -> list[str]:
+    """Public functions and methods (of public classes) under `root` whose return
+    annotation holds `dict[str, Any]`, JSON codecs aside."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        scopes: list[ast.AST] = [tree] + [
+            c for c in tree.body if isinstance(c, ast.ClassDef) and not c.name.startswith("_")
+        ]
+        for scope in scopes:
+            for f in getattr(scope, "body", []):
+                if not isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) or f.returns is None:
+                    continue
+                public = not f.name.startswith("_") and f.name not in JSON_CODECS
+                if public and "dict[str, Any]" in ast.unparse(f.returns):
+                    found.append(f"{path.relative_to(root)}:{f.lineno}: {f.name}")
+    return found
+
+
+def test_no_public_result_is_an_untyped_dict() -> None:
+    """Results are frozen dataclasses with `to_json()` (`mambaradix.results`): 54
+    `dict[str, Any]` results were a seam the type checker could not see."""
+    found = untyped_results(SRC)
+    assert found == [], found
+
+
+def test_the_untyped_result_check_can_fail(tmp_path: Path) -> None:
+    """It finds the shapes the replay's results had: a function, a method of a public
+    class, a list of them; not a private helper, a private class or a JSON codec."""
+    (tmp_path / "m.py").write_text(
+        "from typing import Any\n"
+        "def replay() -> dict[str, Any]: ...\n"
+        "def _helper() -> dict[str, Any]: ...\n"
+        "def run_on() -> list[dict[str, Any]]: ...\n"
+        "class Engine:\n"
+        "    def stats(self) -> dict[str, Any]: ...\n"
+        "    def to_json(self) -> dict[str, Any]: ...\n"
+        "class _Worker:\n"
+        "    def info(self) -> dict[str, Any]: ...\n"
+        "def typed() -> dict[str, int]: ...\n"
+    )
+    assert untyped_results(tmp_path) == ["m.py:2: replay", "m.py:4: run_on", "m.py:6: stats"]

@@ -145,15 +145,32 @@ def test_ranges_run_from_the_largest_request_to_the_footprint(
         largest = Trace("largest", [max(small.requests, key=_size)], 1)
         at_least = replay(largest, PROFILE, r["policy"], config(r["least_gb"], r["state_fraction"]))
         assert at_least["dropped"] == 0
+        below = config(r["least_gb"] - 0.01, r["state_fraction"])
         if r["state_fraction"] is None:
-            # one byte budget: the least memory also holds the state a request that reuses
-            # one keeps (`fit.gb_needed`), which this request alone does not need
+            _reused_state_needs_least(largest.requests[0], r["policy"], r["least_gb"], below)
             continue
         # just below the least memory the largest request no longer fits alone
-        cfg = config(r["least_gb"] - 0.01, r["state_fraction"])
         with pytest.raises(ValueError):
-            replay(largest, PROFILE, r["policy"], cfg)
+            replay(largest, PROFILE, r["policy"], below)
     assert planned["bound"]["token_hit_rate"] == pytest.approx(bound_token_hit_rate(small))
+
+
+def _reused_state_needs_least(big: TraceRequest, policy: str, least: float, below: Any) -> None:
+    """One byte budget: the least memory is the one where `big` runs alone holding a state it
+    reuses as well as its running copy (`fit.gb_needed`). Served after a request that ends
+    where its prompt's last token starts, it hits that state at the least memory and is
+    dropped just below it (the budget holds it alone, not beside the state it would reuse)."""
+    cut = len(big.input_units) - 1
+    first = TraceRequest(0, 0, 0.0, big.input_units[:cut], big.input_units[cut:], cut, 1)
+    second = TraceRequest(0, 1, 1e6, big.input_units, big.output_units, *_tokens(big))
+    pair = Trace("reuse", [first, second], 1)
+    at_least = replay(pair, PROFILE, policy, config(least, None))
+    assert at_least["dropped"] == 0 and at_least["cached_tokens"] >= cut
+    assert replay(pair, PROFILE, policy, below)["dropped"] == 1
+
+
+def _tokens(r: TraceRequest) -> tuple[int, int]:
+    return r.input_tokens, r.output_tokens
 
 
 def test_recommended_meets_target_on_given_memories(small: Trace) -> None:

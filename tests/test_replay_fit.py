@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 from array import array
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from mambaradix.replay.checks import (
     policy_strategy,
 )
 from mambaradix.replay.fit import TRACK_SLOTS, check_memory, fit, policy_fit, pools_for
+from mambaradix.replay.results import ReplayResult
 from mambaradix.replay.run import replay, replay_checked
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.sweep import sweep, table
@@ -376,9 +378,9 @@ def test_cli_run_that_serves_nothing_fails(
     # still serves nothing (stand-in below) must not look like a result.
     import mambaradix.replay.cells as cells_module  # where the sweep runs a cell
 
-    def serves_nothing(*args: Any) -> dict[str, Any]:
+    def serves_nothing(*args: Any) -> ReplayResult:
         r = replay_checked(*args)
-        return {**r, "served": 0, "dropped": r["requests"], "token_hit_rate": 0.0}
+        return replace(r, served=0, dropped=r.requests, token_hit_rate=0.0)
 
     monkeypatch.setattr(cells_module, "replay_checked", serves_nothing)
     assert main(cli(dropped_trace, tmp_path, "1", "sglang")) == 1

@@ -74,6 +74,7 @@ def test_trace_hash_follows_the_contents() -> None:
 
 
 def run_sweep(trace: Any, shard: Shard | None = None, cluster: bool = False) -> dict[str, Any]:
+    """The sweep's JSON, as a shard file holds it (what `merge` reads)."""
     kw: dict[str, Any] = {"routers": ["round-robin", "hybrid"], "cluster": ClusterSpec(2)}
     return sweep(
         trace,
@@ -85,7 +86,7 @@ def run_sweep(trace: Any, shard: Shard | None = None, cluster: bool = False) -> 
         progress=False,
         shard=shard,
         **(kw if cluster else {}),
-    )
+    ).to_json()
 
 
 @pytest.mark.parametrize(

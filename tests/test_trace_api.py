@@ -219,7 +219,7 @@ def test_replay_results_are_consistent(policy: str, trace: Trace, kv: int, slots
     except ValueError as e:  # too small a pool for every request: refused up front
         assert "memory" in str(e) or "state" in str(e)
         return
-    json.dumps(out, allow_nan=False)  # JSON without nan / inf
+    json.dumps(out.to_json(), allow_nan=False)  # JSON without nan / inf
     prompts = [r.input_tokens for r in trace.requests]
     assert out["requests"] == len(trace) == out["served"] + out["dropped"]
     assert out["prompt_tokens"] == sum(prompts)

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from mambaradix.results import FLAT, JsonResult, json_key
 
 if TYPE_CHECKING:
     from mambaradix.engine import Engine
+    from mambaradix.engine.results import EngineStats
     from mambaradix.engine.workload import ConversationRun
     from mambaradix.geometry.profile import ModelProfile
     from mambaradix.policies import Policy
@@ -133,7 +137,7 @@ def compare_cache(
     on_round: Callable[[int], None] | None = None,
     net: Any = None,
     **engine_kw: Any,
-) -> dict[str, Any]:
+) -> CompareResult:
     """Serve `sessions` with the cache on and off (same model weights: `net`,
     or the one the first engine builds) and
     summarise: identical outputs, token counts, hit rate, timings, and the
@@ -147,38 +151,74 @@ def compare_cache(
     from mambaradix.validate import as_positive
 
     as_positive(max_new_tokens, "max_new_tokens")  # 0 would run and count nothing
-    out: dict[str, Any] = {}
     runs: dict[str, ConversationRun] = {}
     engines: dict[str, Engine] = {}
+    summaries: dict[str, RunSummary] = {}
     for label, on in (("cache", True), ("no cache", False)):
         eng = Engine(model=model, seed=seed, prefix_cache=on, net=net, **engine_kw)
         net, engines[label] = eng.net, eng
         runs[label] = run = run_conversations(eng, sessions, max_new_tokens, on_round)
         eng.check()
-        out[label] = _summary(eng, run)
-    out["identical"] = runs["cache"].output_ids() == runs["no cache"].output_ids()
-    out["requests"] = runs["cache"].num_requests
-    cached, prompt = engines["cache"], out["cache"]["prompt_tokens"]
+        summaries[label] = _summary(eng, run)
+    cached, prompt = engines["cache"], summaries["cache"].stats.prompt_tokens
     predicted_rate = None  # the replay does not model the deterministic grid
     if not cached.deterministic:
         predicted = replay_prediction(runs["cache"], cached)
         predicted_rate = sum(predicted) / prompt if prompt else 0.0
-    out["replay"] = {
-        "token_hit_rate": predicted_rate,
-        "bound_token_hit_rate": bound_token_hit_rate(engine_trace(runs["cache"])),
-    }
-    return out
+    return CompareResult(
+        cache=summaries["cache"],
+        no_cache=summaries["no cache"],
+        identical=runs["cache"].output_ids() == runs["no cache"].output_ids(),
+        requests=runs["cache"].num_requests,
+        replay=ReplayCheck(predicted_rate, bound_token_hit_rate(engine_trace(runs["cache"]))),
+    )
 
 
-def _summary(eng: Engine, run: ConversationRun) -> dict[str, Any]:
+def _summary(eng: Engine, run: ConversationRun) -> RunSummary:
     flat = [r for turns in run.results for r in turns]
     ttft = sorted(r.ttft_s for r in flat)
     n = run.num_requests
-    return {
-        **eng.stats(),
-        "seconds": run.seconds,
-        "requests_per_s": n / run.seconds if run.seconds else 0.0,
-        "s_per_request": run.seconds / n if n else 0.0,
-        "mean_ttft_s": sum(ttft) / len(ttft) if ttft else 0.0,
-        "p50_ttft_s": ttft[len(ttft) // 2] if ttft else 0.0,
-    }
+    return RunSummary(
+        stats=eng.stats(),
+        seconds=run.seconds,
+        requests_per_s=n / run.seconds if run.seconds else 0.0,
+        s_per_request=run.seconds / n if n else 0.0,
+        mean_ttft_s=sum(ttft) / len(ttft) if ttft else 0.0,
+        p50_ttft_s=ttft[len(ttft) // 2] if ttft else 0.0,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class RunSummary(JsonResult):
+    """One run of `compare_cache`: the engine's counters, then its wall time, requests
+    per second, seconds per request and mean and median TTFT."""
+
+    stats: EngineStats = field(metadata=FLAT)
+    seconds: float
+    requests_per_s: float
+    s_per_request: float
+    mean_ttft_s: float
+    p50_ttft_s: float
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayCheck(JsonResult):
+    """The replay's token hit rate for the cached run (None for a deterministic
+    engine: the replay does not cut prefills on its grid), and the trace's bound."""
+
+    token_hit_rate: float | None
+    bound_token_hit_rate: float
+
+
+@dataclass(frozen=True, eq=False)
+class CompareResult(JsonResult):
+    """`compare_cache`'s result: each run's summary (JSON keys "cache" and "no cache"),
+    whether the outputs are identical, the requests of one run and the replay's
+    prediction. Attribute access is the typed way to read it; it is also the read-only
+    mapping over its JSON keys (`mambaradix.results`)."""
+
+    cache: RunSummary
+    no_cache: RunSummary = field(metadata=json_key("no cache"))
+    identical: bool
+    requests: int
+    replay: ReplayCheck

@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from mambaradix.cli.checks import UsageError, count
 from mambaradix.core.compat import COMPAT_MODES
@@ -78,6 +78,23 @@ def add(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run)
 
 
+class EngineKwargs(TypedDict):
+    """The `Engine` keyword arguments the command line sets (`validate`)."""
+
+    device: Any  # a torch.device: torch is imported only when the command runs
+    dtype: Any  # a torch.dtype
+    deterministic: bool
+    batch_decode: bool
+    kv_tokens: int | None
+    state_slots: int | None
+    chunk_size: int
+    max_running: int
+    page_size: int
+    strategy: str
+    compat: str | None
+    track_interval: int
+
+
 def run(args: argparse.Namespace) -> int:
     from mambaradix.compare import compare_cache
     from mambaradix.replay.progress import counter
@@ -104,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if data["identical"] else 1
 
 
-def validate(args: argparse.Namespace) -> dict[str, Any]:
+def validate(args: argparse.Namespace) -> EngineKwargs:
     """Everything checked before the model is built; the engine's keyword arguments."""
     try:
         import torch
@@ -273,7 +290,7 @@ def check_memory(net: Any, args: argparse.Namespace) -> None:
         )
 
 
-def print_summary(args: argparse.Namespace, n_sessions: int, data: dict[str, Any]) -> None:
+def print_summary(args: argparse.Namespace, n_sessions: int, data: Mapping[str, Any]) -> None:
     print(
         f"{args.model} on {args.workload}: {n_sessions} sessions, {data['requests']} requests, "
         f"{args.max_new_tokens} new tokens each (prompts carry the engine's own answers)"

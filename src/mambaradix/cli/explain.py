@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,13 +66,13 @@ def run(args: argparse.Namespace) -> int:
     with shown(not args.no_progress):
         trace = load_trace(args.trace, args.limit, scale)
         policies, left_out = pick_policies(args, trace, base)
-        check_sizes(trace, profile, base, policies, args)
+        check_sizes(trace, profile, base, policies, args, scale)
         structure = ideal(trace)
         runs = run_points(args, trace, profile, structure, policies, base, scale)
     bound = sum(r.bound_tokens for r in runs[0].requests)
-    summary = data(trace, profile, bound, runs)
-    summary["policies_left_out"] = left_out
-    summary["elapsed_s"] = elapsed = time.perf_counter() - start
+    result = replace(data(trace, profile, bound, runs), policies_left_out=left_out)
+    elapsed = time.perf_counter() - start
+    summary = replace(result, elapsed_s=elapsed).to_json()
     to_stdout = args.jsonl == "-"
     print(table(summary), file=sys.stderr if to_stdout else sys.stdout)
     write_outputs(summary, runs, args)

@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,8 +137,11 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise UsageError(_flagged(str(e))) from None
         plot_path = _plot_path(args, trace, profile)
-        data = search(ready, args.grid_points, args.resolution, args.workers, not args.no_progress)
-    data["elapsed_s"] = elapsed = time.perf_counter() - start
+        result = search(
+            ready, args.grid_points, args.resolution, args.workers, not args.no_progress
+        )
+    elapsed = time.perf_counter() - start
+    data = replace(result, elapsed_s=elapsed).to_json()
     report = sys.stderr if is_stdout(plot_path) or is_stdout(args.json) else sys.stdout
     print(table(data), file=report)
     _write(data, plot_path, args.json, report)

@@ -39,7 +39,9 @@ from mambaradix.validate import HOST_BYTES_PER_ID, available_bytes
 if TYPE_CHECKING:
     from mambaradix.geometry.profile import ModelProfile
     from mambaradix.replay.fit import Pools
+    from mambaradix.replay.results import SweepResult
     from mambaradix.replay.serving import ServingConfig
+    from mambaradix.replay.sweep import Checked
     from mambaradix.replay.trace import Trace
 
 DEFAULT_MEMORY = [20.0, 40.0, 80.0, 160.0]
@@ -189,13 +191,14 @@ def run(args: argparse.Namespace) -> int:
         policies, left_out = pick_policies(args, trace, base)
         plot_path = plot_target(args.plot, trace, profile) if plots(args, scale) else None
         check_outputs(plot_path, args.json, args.trace)
-        check_sizes(trace, profile, base, policies, args)
-        data = run_sweep(args, trace, profile, policies, base, scale)
-    data["policies_left_out"] = left_out
+        checked = check_sizes(trace, profile, base, policies, args, scale)
+        result = run_sweep(args, trace, profile, policies, base, scale, checked)
+    model = result.model
     if args.state_dtype != "auto" and profile.state_dtypes is not None:
-        data["model"]["state_dtype"] = args.state_dtype
-        data["model"]["changes_outputs"] = profile.state_dtypes.changes_outputs
-    data["elapsed_s"] = elapsed = time.perf_counter() - start
+        changes = profile.state_dtypes.changes_outputs
+        model = replace(model, state_dtype=args.state_dtype, changes_outputs=changes)
+    elapsed = time.perf_counter() - start
+    data = replace(result, model=model, policies_left_out=left_out, elapsed_s=elapsed).to_json()
     report = sys.stderr if is_stdout(plot_path) or is_stdout(args.json) else sys.stdout
     print(scale.table(data) if scale.cluster else table_text(data), file=report)
     warn_dropped(data, trace, profile, base)
@@ -250,7 +253,8 @@ def run_sweep(
     policies: list[str],
     base: ServingConfig,
     scale: ScaleOut,
-) -> dict[str, Any]:
+    checked: Checked,
+) -> SweepResult:
     from mambaradix.replay.sweep import sweep
 
     try:
@@ -268,6 +272,7 @@ def run_sweep(
             not args.no_progress,
             state_fractions=args.state_fraction,
             **scale.sweep_kwargs(),
+            checked=checked,
         )
     finally:
         scale.close()
@@ -500,24 +505,25 @@ def check_sizes(
     base: ServingConfig,
     policies: list[str],
     args: argparse.Namespace,
-) -> None:
-    """UsageError when a memory point (at any state fraction) holds no request
-    or too few states for a policy, or makes pools whose bookkeeping would not
-    fit this machine's memory."""
-    from mambaradix.replay.checks import policy_strategy
-    from mambaradix.replay.fit import check_memory
+    scale: ScaleOut,
+) -> Checked:
+    """The sweep's checks, once (`sweep.check_points`), as a UsageError naming the options:
+    a memory point (at any state fraction) that holds no request or too few states for a
+    policy, or makes pools whose bookkeeping would not fit this machine's memory."""
+    from mambaradix.replay.sweep import check_points
 
-    strategies = {p: policy_strategy(p) for p in policies}
+    kw = scale.sweep_kwargs()
+    try:
+        checked = check_points(
+            trace, profile, policies, args.memory, base, args.state_fraction,
+            kw["routers"], kw["cluster"], names=("--memory", "--state-fraction"),
+        )  # fmt: skip
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     workers = args.workers or os.cpu_count() or 1
-    for f in args.state_fraction or [base.state_fraction]:
-        for m in args.memory:
-            at = f" (with --state-fraction {f:g})" if args.state_fraction else ""
-            cfg = replace(base, memory_gb=m, state_fraction=f)
-            try:
-                fit = check_memory(trace, profile, cfg, strategies, "--memory")
-            except ValueError as e:
-                raise UsageError(f"{e}{at}") from None
-            check_host_memory(trace, profile, cfg, fit.pools, workers, args.instances or 1)
+    for cfg, fit in checked.points:
+        check_host_memory(trace, profile, cfg, fit.pools, workers, args.instances or 1)
+    return checked
 
 
 def check_host_memory(

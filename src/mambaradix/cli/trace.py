@@ -60,7 +60,8 @@ def run_check(args: argparse.Namespace) -> int:
         summary = summarize(trace, args.file)
     print(describe(summary))
     if args.json is not None:
-        write_all({args.json: lambda p: p.write_text(json.dumps(summary, indent=1))})
+        data = summary.to_json()
+        write_all({args.json: lambda p: p.write_text(json.dumps(data, indent=1))})
         print(f"json: {args.json}")
     return 0
 

@@ -46,6 +46,7 @@ from mambaradix.engine.deterministic import GridCheckpoints
 from mambaradix.engine.device import check_dtype, check_net, resolve_device
 from mambaradix.engine.forward import TorchForward
 from mambaradix.engine.models import build_model, engine_profile
+from mambaradix.engine.results import EngineStats
 from mambaradix.engine.tiers import HostTier, TierLookup
 from mambaradix.geometry.profile import ModelProfile
 from mambaradix.lifecycle import CacheManager, Evictor, Request
@@ -312,23 +313,26 @@ class Engine:
             latency_s=(seq.finish_time or t0) - t0,
         )
 
-    def stats(self) -> dict[str, float]:
-        """Counters since construction: requests; prompt_tokens, cached_tokens
-        and computed_prefill_tokens (prompt tokens the model ran in prefill,
-        over completed admissions); decode_tokens, forwards (model forwards),
-        decode_forwards (those that ran decode steps), hit_rate (cached /
-        prompt), evicted_kv_tokens, evicted_states, evictions (their sum),
-        retractions, retracted_prefill_tokens (prefill work lost to them)."""
-        s: dict[str, float] = dict(self._stats)
-        s["forwards"] = self.forward.forwards
-        s["decode_forwards"] = self.forward.decode_forwards
-        s["hit_rate"] = s["cached_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0.0
-        s["evicted_kv_tokens"] = self.mgr.evictions["kv_tokens"]
-        s["evicted_states"] = self.mgr.evictions["states"]
-        s["evictions"] = s["evicted_kv_tokens"] + s["evicted_states"]
-        if self.host_tier is not None:
-            s |= {f"host_{k}": v for k, v in self.host_tier.stats.items()}
-        return s
+    def stats(self) -> EngineStats:
+        """Counters since construction (`results.EngineStats`)."""
+        s = self._stats
+        kv, states = self.mgr.evictions["kv_tokens"], self.mgr.evictions["states"]
+        return EngineStats(
+            requests=s["requests"],
+            prompt_tokens=s["prompt_tokens"],
+            cached_tokens=s["cached_tokens"],
+            computed_prefill_tokens=s["computed_prefill_tokens"],
+            decode_tokens=s["decode_tokens"],
+            retractions=s["retractions"],
+            retracted_prefill_tokens=s["retracted_prefill_tokens"],
+            forwards=self.forward.forwards,
+            decode_forwards=self.forward.decode_forwards,
+            hit_rate=s["cached_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0.0,
+            evicted_kv_tokens=kv,
+            evicted_states=states,
+            evictions=kv + states,
+            host=None if self.host_tier is None else dict(self.host_tier.stats),
+        )
 
     def check(self) -> None:
         """Leak checks (raise AssertionError): conservation of KV indices and

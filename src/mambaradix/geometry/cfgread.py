@@ -114,3 +114,12 @@ def geometry(
         mamba_chunk_size=cfg_int(cfg, chunk_key) if cfg.get(chunk_key) is not None else None,
         source=source,
     )
+
+
+def per_head(width: int, heads: int, what: str) -> int:
+    """The channels of one attention head when `heads` heads split `width` (`what`: the
+    config's name for the width); ValueError naming the heads key when they do not divide it
+    (the model could not be built)."""
+    if width % heads:
+        raise ValueError(f"config key 'num_attention_heads' ({heads}) must divide {what}")
+    return width // heads

@@ -16,7 +16,15 @@ TypeError (wrong type), naming the key.
 
 from __future__ import annotations
 
-from mambaradix.geometry.cfgread import Config, cfg_int, cfg_str, cfg_types, check_cfg, geometry
+from mambaradix.geometry.cfgread import (
+    Config,
+    cfg_int,
+    cfg_str,
+    cfg_types,
+    check_cfg,
+    geometry,
+    per_head,
+)
 from mambaradix.geometry.layers import (
     MLP,
     Attention,
@@ -169,9 +177,9 @@ def jamba(name: str, cfg: Config, source: str = "") -> Geometry:
     _check_cfg(cfg)
     hidden, n = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
     heads = _int(cfg, "num_attention_heads")
-    if hidden % heads:
-        raise ValueError(f"config key 'num_attention_heads' ({heads}) must divide hidden_size")
-    attn = Attention(heads, _int(cfg, "num_key_value_heads"), hidden // heads)
+    attn = Attention(
+        heads, _int(cfg, "num_key_value_heads"), per_head(hidden, heads, "hidden_size")
+    )
     mamba = Mamba1(
         d_inner=_int(cfg, "mamba_expand") * hidden,
         state_size=_int(cfg, "mamba_d_state"),

@@ -33,7 +33,7 @@ else ``hidden_size / num_attention_heads``.
 
 from __future__ import annotations
 
-from mambaradix.geometry.cfgread import Config, cfg_int, cfg_types, check_cfg, geometry
+from mambaradix.geometry.cfgread import Config, cfg_int, cfg_types, check_cfg, geometry, per_head
 from mambaradix.geometry.configs import qwen_attention_layers, qwen_moe
 from mambaradix.geometry.layers import (
     MLP,
@@ -63,9 +63,10 @@ _MIXERS = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attent
 def _attention(cfg: Config, gated: bool = False) -> Attention:
     heads = cfg_int(cfg, "num_attention_heads")
     hidden = cfg_int(cfg, "hidden_size")
-    if cfg.get("head_dim") is None and hidden % heads:
-        raise ValueError(f"config key 'num_attention_heads' ({heads}) must divide hidden_size")
-    head_dim = cfg_int(cfg, "head_dim", hidden // heads)
+    if cfg.get("head_dim") is None:
+        head_dim = per_head(hidden, heads, "hidden_size")
+    else:
+        head_dim = cfg_int(cfg, "head_dim")
     return Attention(heads, cfg_int(cfg, "num_key_value_heads", heads), head_dim, gated)
 
 
@@ -153,12 +154,10 @@ def zamba2(name: str, cfg: Config, source: str = "") -> Geometry:
     n = cfg_int(cfg, "num_hidden_layers", 0, minimum=0) or None
     kinds = cfg_types(cfg, ["layers_block_type"], names, n)
     heads = cfg_int(cfg, "num_attention_heads")
-    if 2 * hidden % heads:
-        raise ValueError(f"config key 'num_attention_heads' ({heads}) must divide 2*hidden_size")
     attn = Attention(
         heads,
         cfg_int(cfg, "num_key_value_heads", heads),
-        cfg_int(cfg, "attention_head_dim", 2 * hidden // heads),
+        cfg_int(cfg, "attention_head_dim", per_head(2 * hidden, heads, "2*hidden_size")),
         in_dim=2 * hidden,
     )
     mamba = _mamba2(cfg, _expand_width(cfg), "n_mamba_heads", "mamba_headdim", "mamba_ngroups")

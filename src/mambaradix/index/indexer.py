@@ -62,6 +62,7 @@ from mambaradix.events.model import (
     Event,
     check_block_size,
 )
+from mambaradix.results import JsonResult
 
 log = logging.getLogger("mambaradix.index")
 _KV, _STATE, _OTHER, _UNKNOWN = "kv", "state", "other", "unknown"
@@ -325,6 +326,21 @@ class TierOverlap:
     state_medium: str | None
 
 
+@dataclass(frozen=True, eq=False)
+class WorkerInfo(JsonResult):
+    """One worker as the indexer holds it: its blocks, the states among them, the
+    events skipped (reason -> count) and the blocks on lower tiers (medium -> role ->
+    count). Attribute access is the typed way to read it; it is also the read-only
+    mapping over its JSON keys (`mambaradix.results`)."""
+
+    instance_id: int
+    hybrid: bool
+    blocks: int
+    states: int
+    skipped: dict[str, int]
+    media: dict[str, dict[str, int]]
+
+
 class Indexer:
     """Feed events per worker with `apply` (in order); ask with `query` (the device) or
     `query_tiers` (per tier)."""
@@ -396,21 +412,14 @@ class Indexer:
     def worker_ids(self) -> list[int]:
         return sorted(self._workers)
 
-    def worker_info(self, worker_id: int) -> dict[str, Any]:
+    def worker_info(self, worker_id: int) -> WorkerInfo:
         w = self._worker(worker_id)
         states = sum(1 for node in w.blocks.values() if w.id in node.states)
         media: dict[str, dict[str, int]] = {}
         for (medium, role), hashes in w.media.items():
             if hashes:
                 media.setdefault(medium, {})[role] = len(hashes)
-        return {
-            "instance_id": w.id,
-            "hybrid": w.hybrid,
-            "blocks": len(w.blocks),
-            "states": states,
-            "skipped": dict(w.skipped),
-            "media": media,
-        }
+        return WorkerInfo(w.id, w.hybrid, len(w.blocks), states, dict(w.skipped), media)
 
     def _worker(self, worker_id: int) -> _Worker:
         w = self._workers.get(worker_id)

@@ -160,7 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
         with server.lock:
             out = []
             for w in server.indexer.worker_ids():
-                info = server.indexer.worker_info(w)
+                info = server.indexer.worker_info(w).to_json()
                 if w in feeds:
                     info.update(feeds[w].status(), counts=dict(feeds[w].counts))
                 out.append(info)

@@ -11,7 +11,7 @@ from mambaradix.lifecycle.manager import (
     lru_evictor,
 )
 from mambaradix.lifecycle.request import Request
-from mambaradix.lifecycle.strategy import STRATEGIES
+from mambaradix.lifecycle.strategy import STRATEGIES, Strategy
 
 __all__ = [
     "SGLANG_STATE_HEADROOM",
@@ -19,5 +19,6 @@ __all__ = [
     "CacheManager",
     "Evictor",
     "Request",
+    "Strategy",
     "lru_evictor",
 ]

@@ -9,15 +9,38 @@ and words its error with `PAGE_RULE`, naming its own parameter.
 
 from __future__ import annotations
 
-NO_BUFFER = "no_buffer"
-EXTRA_BUFFER = "extra_buffer"
-STRATEGIES = (NO_BUFFER, EXTRA_BUFFER)
+from enum import Enum
+
+
+class Strategy(str, Enum):
+    """The two strategies. A `str` subclass: a member equals its name as a string
+    (`Strategy.NO_BUFFER == "no_buffer"`), formats and joins as it, and is written to
+    JSON as it, so the plain strings every caller passes keep working."""
+
+    NO_BUFFER = "no_buffer"
+    EXTRA_BUFFER = "extra_buffer"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def takes_page(self, page_size: int) -> bool:
+        """Whether this strategy can run with pages of `page_size` tokens (`takes_page`)."""
+        return takes_page(self, page_size)
+
+
+NO_BUFFER = Strategy.NO_BUFFER
+EXTRA_BUFFER = Strategy.EXTRA_BUFFER
+STRATEGIES = tuple(Strategy)
 
 PAGE_RULE = "no_buffer keeps states at exact token ends (page size 1), as in SGLang"
 
 
 def takes_page(strategy: str, page_size: int) -> bool:
-    """Whether `strategy` can run with pages of `page_size` tokens (or trace units)."""
+    """Whether `strategy` (a `Strategy` or its name) can run with pages of `page_size`
+    tokens (or trace units): the one home of the rule."""
     return strategy == EXTRA_BUFFER or page_size == 1
 
 

@@ -9,11 +9,13 @@ explicitly, so that any executor can run it (a forked process, another machine).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, NamedTuple
 
 from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.cluster import ClusterSpec, cluster_replay, cluster_replay_checked
+from mambaradix.replay.results import ReplayResult
 from mambaradix.replay.run import replay, replay_checked
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace
@@ -57,12 +59,18 @@ def build_cells(
     ]
 
 
-def row_key(row: dict[str, Any]) -> CellKey:
-    """The key of the cell a result row came from."""
+def row_key(row: Mapping[str, Any]) -> CellKey:
+    """The key of the cell a result row (a result's JSON, read from a file) came from."""
     return (row["policy"], row["memory_gb"], row["config"]["state_fraction"], row.get("router"))
 
 
-def run_cell(work: Work, cell: Cell) -> dict[str, Any]:
+def cell_key(result: ReplayResult) -> CellKey:
+    """`row_key` of a result not yet written as JSON."""
+    router = None if result.cluster is None else result.cluster.router
+    return (result.policy, result.memory_gb, result.config.state_fraction, router)
+
+
+def run_cell(work: Work, cell: Cell) -> ReplayResult:
     """One cell, checked first (`replay`, `cluster_replay`): the planner's points."""
     trace, profile = work
     if cell.cluster is None or cell.router is None:
@@ -70,7 +78,7 @@ def run_cell(work: Work, cell: Cell) -> dict[str, Any]:
     return cluster_replay(trace, profile, cell.policy, cell.cfg, cell.router, cell.cluster)
 
 
-def run_sweep_cell(work: Work, cell: Cell) -> dict[str, Any]:
+def run_sweep_cell(work: Work, cell: Cell) -> ReplayResult:
     """One cell of a `sweep`, which checked every cell (the memory fit of each point
     included) before the first ran: nothing is checked again per cell."""
     trace, profile = work

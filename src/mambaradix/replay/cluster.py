@@ -25,8 +25,9 @@ expected the chosen instance to serve), `mispredicted_tokens` (over-credit: the 
 requests of credited minus actually hit tokens where positive; a dropped request hit
 nothing), `undercredited_tokens` (the converse), `load_imbalance` (the busiest instance's
 prefill time over the mean instance's: 1.0 is perfectly even; prefill is the work a
-routing decision moves, decode steps run for any number of requests), `ttft_mean_s`, and
-per instance its requests, hit rate and prefill time.
+routing decision moves, decode steps run for any number of requests), and per instance
+its requests, hit rate and prefill time (`results.ClusterMetrics`); `ttft_mean_s` is over
+every instance's requests, as the other metrics.
 
 Traces whose units fall outside uint32 (Mooncake's synthetic output block ids are
 negative) are relabelled: every such id gets an unused id in range. The emitter hashes
@@ -42,7 +43,6 @@ import time
 from array import array
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Any
 
 from mambaradix.events import Event, EventEmitter
 from mambaradix.geometry.profile import ModelProfile
@@ -57,6 +57,7 @@ from mambaradix.replay.checks import (
     policy_strategy,
 )
 from mambaradix.replay.fit import check_memory
+from mambaradix.replay.results import ClusterMetrics, InstanceRow, ReplayResult
 from mambaradix.replay.routers import Load, Route, Router, make_router
 from mambaradix.replay.run import attach_tuner, summarize
 from mambaradix.replay.serving import ServingConfig, ServingModel
@@ -278,7 +279,7 @@ def cluster_replay(
     cfg: ServingConfig,
     router: str,
     spec: ClusterSpec,
-) -> dict[str, Any]:
+) -> ReplayResult:
     """Run the cluster; one result row: `replay()`'s metrics over all instances
     together, plus the cluster's (module docstring). Checks what `replay()`
     checks, and the router and spec, before any instance is built."""
@@ -298,24 +299,30 @@ def cluster_replay_checked(
     cfg: ServingConfig,
     router: str,
     spec: ClusterSpec,
-) -> dict[str, Any]:
+) -> ReplayResult:
     """`cluster_replay` of a point its caller has already checked as `cluster_replay`
     checks (`sweep` checks every cell before the first runs)."""
     cluster = Cluster(trace, profile, policy, cfg, make_router(router, spec.overlap_weight), spec)
     start = time.perf_counter()
     cluster.run()
     elapsed = time.perf_counter() - start
-    out = summarize(cluster.models, policy, cfg)
-    out["replay_s"] = elapsed
-    out["requests_per_s"] = len(trace) / elapsed if elapsed else 0.0
     alphas = [m.policy.alpha for m in cluster.models if isinstance(m.policy, Marconi)]
+    alpha = None
     if alphas:
-        out["alpha"] = alphas[0] if len(alphas) == 1 else statistics.median(alphas)
-    out.update(cluster_metrics(cluster, router))
-    return out
+        alpha = alphas[0] if len(alphas) == 1 else statistics.median(alphas)
+    return replace(
+        summarize(cluster.models, policy, cfg),
+        replay_s=elapsed,
+        requests_per_s=len(trace) / elapsed if elapsed else 0.0,
+        alpha=alpha,
+        cluster=cluster_metrics(cluster, router),
+    )
 
 
-def cluster_metrics(cluster: Cluster, router: str) -> dict[str, Any]:
+def cluster_metrics(cluster: Cluster, router: str) -> ClusterMetrics:
+    """The cluster's metrics (module docstring). Its mean TTFT is `summarize`'s over
+    every instance (`statistics.fmean` sums exactly: the instances' order cannot
+    change the last bit), so it is not computed again here."""
     hit = {o.request: o.hit_tokens for m in cluster.models for o in m.outcomes}
     credited = over = under = 0
     for i, route in enumerate(cluster.routes):
@@ -326,33 +333,29 @@ def cluster_metrics(cluster: Cluster, router: str) -> dict[str, Any]:
         under += max(0, got - route.credited_tokens)
     busy = [m.clock.prefill_s for m in cluster.models]
     mean_busy = sum(busy) / len(busy)
-    ttfts = [o.ttft_s for m in cluster.models for o in m.outcomes]
     spec = cluster.spec
-    return {
-        "instances": spec.instances,
-        "router": router,
-        "router_lag_s": spec.router_lag_s,
-        "router_block_tokens": cluster.block_units * cluster.models[0].units.unit,
-        "overlap_weight": spec.overlap_weight,
-        "credited_tokens": credited,
-        "mispredicted_tokens": over,
-        "undercredited_tokens": under,
-        "load_imbalance": max(busy) / mean_busy if mean_busy > 0 else 1.0,
-        # As the single replay's (run.py): fmean sums exactly, so the order of the
-        # instances' requests cannot change the last bit, and None where nothing was served.
-        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
-        "per_instance": [_instance_row(node) for node in cluster.nodes],
-    }
+    return ClusterMetrics(
+        instances=spec.instances,
+        router=router,
+        router_lag_s=spec.router_lag_s,
+        router_block_tokens=cluster.block_units * cluster.models[0].units.unit,
+        overlap_weight=spec.overlap_weight,
+        credited_tokens=credited,
+        mispredicted_tokens=over,
+        undercredited_tokens=under,
+        load_imbalance=max(busy) / mean_busy if mean_busy > 0 else 1.0,
+        per_instance=[_instance_row(node) for node in cluster.nodes],
+    )
 
 
-def _instance_row(node: Instance) -> dict[str, Any]:
+def _instance_row(node: Instance) -> InstanceRow:
     outs = node.model.outcomes
     prompt = sum(o.input_tokens for o in outs) + sum(r.input_tokens for r in node.model.dropped)
-    return {
-        "requests": node.routed,
-        "token_hit_rate": sum(o.hit_tokens for o in outs) / max(1, prompt),
-        "prefill_s": node.model.clock.prefill_s,
-    }
+    return InstanceRow(
+        requests=node.routed,
+        token_hit_rate=sum(o.hit_tokens for o in outs) / max(1, prompt),
+        prefill_s=node.model.clock.prefill_s,
+    )
 
 
 def routable(trace: Trace) -> Trace:

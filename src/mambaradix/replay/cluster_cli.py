@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from mambaradix.replay.routers import ROUTERS, check_router_names
 
@@ -35,6 +36,15 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sweeps beyond one machine")
     g.add_argument("--shard", default=None, help="run shard i of N of the cells (i/N)")
     g.add_argument("--executor", default=None, help="dask://HOST:PORT (the dask extra)")
+
+
+class SweepScale(TypedDict):
+    """`sweep`'s arguments for running beyond one process (`ScaleOut.sweep_kwargs`)."""
+
+    executor: Executor | None
+    shard: Shard | None
+    routers: list[str] | None
+    cluster: ClusterSpec | None
 
 
 @dataclass
@@ -105,7 +115,7 @@ class ScaleOut:
             self.executor.shutdown()
             self.executor = None
 
-    def sweep_kwargs(self) -> dict[str, Any]:
+    def sweep_kwargs(self) -> SweepScale:
         return {
             "executor": self.executor,
             "shard": self.shard,
@@ -114,7 +124,7 @@ class ScaleOut:
         }
 
     @staticmethod
-    def table(data: dict[str, Any]) -> str:
+    def table(data: Mapping[str, Any]) -> str:
         return table(data)
 
 
@@ -129,7 +139,7 @@ def _routers(text: str | None) -> list[str]:
     return names
 
 
-def table(data: dict[str, Any]) -> str:
+def table(data: Mapping[str, Any]) -> str:
     """Cluster rows as a fixed-width table, one row per (memory, router, policy)."""
     first = data["results"][0] if data["results"] else {}
     w = max([12] + [len(r["policy"]) for r in data["results"]])

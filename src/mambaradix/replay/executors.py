@@ -20,6 +20,7 @@ from importlib import import_module
 from typing import Any
 
 from mambaradix.replay.cells import Cell, Work, run_sweep_cell
+from mambaradix.replay.results import ReplayResult
 
 _DASK_URL = re.compile(r"^dask://([A-Za-z0-9.\-\[\]:]+):(\d{1,5})$")
 
@@ -76,10 +77,10 @@ def open_executor(url: str) -> Executor:
 
 def run_on(
     executor: Executor, work: Work, cells: list[Cell], progress: Callable[[], None]
-) -> list[dict[str, Any]]:
+) -> list[ReplayResult]:
     """Run every cell on `executor`; results in completion order."""
     shared = executor.share(work) if isinstance(executor, SharingExecutor) else work
-    futures: Iterable[Future[dict[str, Any]]] = [
+    futures: Iterable[Future[ReplayResult]] = [
         executor.submit(run_sweep_cell, shared, cell) for cell in cells
     ]
     results = []

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from mambaradix import __version__
 from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.cells import Cell, CellKey, row_key
+from mambaradix.replay.results import ShardHeader
 from mambaradix.replay.trace import Trace
 
 T = TypeVar("T")
@@ -65,7 +66,7 @@ def trace_hash(trace: Trace) -> str:
 
 def shard_header(
     trace: Trace, profile: ModelProfile, cells: list[Cell], shard: Shard
-) -> dict[str, Any]:
+) -> ShardHeader:
     definition = {
         "model": asdict(profile),
         "cells": [
@@ -74,13 +75,13 @@ def shard_header(
         ],
     }
     blob = json.dumps(definition, sort_keys=True, default=repr).encode()
-    return {
-        "mambaradix_version": __version__,
-        "trace_hash": trace_hash(trace),
-        "sweep_hash": hashlib.sha256(blob).hexdigest(),
-        "shard": {"index": shard.index, "count": shard.count},
-        "cells": [list(c.key) for c in cells],
-    }
+    return ShardHeader(
+        mambaradix_version=__version__,
+        trace_hash=trace_hash(trace),
+        sweep_hash=hashlib.sha256(blob).hexdigest(),
+        shard={"index": shard.index, "count": shard.count},
+        cells=[list(c.key) for c in cells],
+    )
 
 
 _SAME = ("mambaradix_version", "trace_hash", "sweep_hash")

@@ -4,13 +4,14 @@ processes, plus the bound; as JSON-ready data, a table and a plot."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import replace
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.bound import bound_token_hit_rate
-from mambaradix.replay.cells import Cell, build_cells, row_key, run_sweep_cell
+from mambaradix.replay.cells import Cell, build_cells, cell_key, run_sweep_cell
 from mambaradix.replay.checks import (
     check_cluster,
     check_inputs,
@@ -23,9 +24,16 @@ from mambaradix.replay.checks import (
 )
 from mambaradix.replay.cluster import ClusterSpec
 from mambaradix.replay.executors import run_on
-from mambaradix.replay.fit import check_memory
+from mambaradix.replay.fit import Fit, check_memory
 from mambaradix.replay.forked import run_forked
 from mambaradix.replay.progress import Counter, counter
+from mambaradix.replay.results import (
+    Bound,
+    ModelInfo,
+    ReplayResult,
+    SweepResult,
+    TraceInfo,
+)
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.shards import Shard, shard_header
 from mambaradix.replay.trace import Trace
@@ -33,7 +41,7 @@ from mambaradix.replay.trace import Trace
 _WORK: tuple[Trace, ModelProfile] | None = None  # inherited by forked workers
 
 
-def _one(cell: Cell) -> dict[str, Any]:
+def _one(cell: Cell) -> ReplayResult:
     assert _WORK is not None
     return run_sweep_cell(_WORK, cell)
 
@@ -51,7 +59,8 @@ def sweep(
     shard: Shard | None = None,
     routers: list[str] | None = None,
     cluster: ClusterSpec | None = None,
-) -> dict[str, Any]:
+    checked: Checked | None = None,
+) -> SweepResult:
     """Every (state fraction, memory, policy) point; several state fractions
     sweep the split of memory between the KV pool and the state pool. With
     `routers` and `cluster`, every router too, over `cluster.instances`
@@ -59,9 +68,15 @@ def sweep(
     `shard` runs only its share of them (`shards.py`).
 
     Checks every argument first (TypeError / ValueError naming it), including
-    that each memory point holds at least one request of the trace. Ctrl-C
+    that each memory point holds at least one request of the trace, unless the
+    caller hands in what `check_points` returned for these same arguments
+    (`checked`: the CLI checks once, with its own option names). Ctrl-C
     (KeyboardInterrupt) terminates the worker processes before it propagates."""
-    cells = _cells(trace, profile, policies, memories, base, state_fractions, routers, cluster)
+    if checked is None:
+        checked = check_points(
+            trace, profile, policies, memories, base, state_fractions, routers, cluster
+        )
+    cells = checked.cells
     points = shard.select(cells) if shard is not None else cells
     workers = check_workers(workers) or min(len(points), os.cpu_count() or 1)
     bound = bound_token_hit_rate(trace)
@@ -71,49 +86,57 @@ def sweep(
     finally:
         bar.close()
     order = {cell.key: i for i, cell in enumerate(points)}
-    for r in results:
-        r["state_fraction"] = r["config"]["state_fraction"]
-        r["share_of_bound"] = r["token_hit_rate"] / bound if bound else 0.0
-    results.sort(key=lambda r: order[row_key(r)])
-    data = _data(trace, profile, bound, results)
-    if shard is not None:
-        data.update(shard_header(trace, profile, cells, shard))
-    return data
+    rows = [
+        replace(
+            r,
+            state_fraction=r.config.state_fraction,
+            share_of_bound=r.token_hit_rate / bound if bound else 0.0,
+        )
+        for r in results
+    ]
+    rows.sort(key=lambda r: order[cell_key(r)])
+    header = shard_header(trace, profile, cells, shard) if shard is not None else None
+    return SweepResult(
+        trace=TraceInfo(
+            name=trace.name,
+            requests=len(trace),
+            prompt_tokens=trace.prompt_tokens,
+            unit_tokens=trace.unit_tokens,
+            source=trace.source,
+        ),
+        model=ModelInfo(
+            name=profile.name,
+            kv_bytes_per_token=profile.kv_bytes_per_token,
+            state_bytes=profile.state_bytes,
+        ),
+        bound=Bound(bound),
+        results=rows,
+        header=header,
+    )
 
 
-def _data(
-    trace: Trace, profile: ModelProfile, bound: float, results: list[dict[str, Any]]
-) -> dict[str, Any]:
-    return {
-        "trace": {
-            "name": trace.name,
-            "requests": len(trace),
-            "prompt_tokens": trace.prompt_tokens,
-            "unit_tokens": trace.unit_tokens,
-            "source": trace.source,
-        },
-        "model": {
-            "name": profile.name,
-            "kv_bytes_per_token": profile.kv_bytes_per_token,
-            "state_bytes": profile.state_bytes,
-        },
-        "bound": {"token_hit_rate": bound},
-        "results": results,
-    }
+class Checked(NamedTuple):
+    """A sweep's checked cells, in table order (fraction, memory, router, policy), and
+    each (fraction, memory) point's configuration and `Fit` (its pools), in order."""
+
+    cells: list[Cell]
+    points: list[tuple[ServingConfig, Fit]]
 
 
-def _cells(
+def check_points(
     trace: Trace,
     profile: ModelProfile,
     policies: list[str],
     memories: list[float],
     base: ServingConfig,
-    state_fractions: list[float] | None,
-    routers: list[str] | None,
-    cluster: ClusterSpec | None,
-) -> list[Cell]:
-    """The checked sweep cells, in table order (fraction, memory, router, policy).
-    With a cluster, each instance has `memory` of its own: the same checks hold."""
+    state_fractions: list[float] | None = None,
+    routers: list[str] | None = None,
+    cluster: ClusterSpec | None = None,
+    names: tuple[str, str] = ("memories", "state_fractions"),
+) -> Checked:
+    """Every check `sweep` makes, once (ValueError / TypeError naming the argument; `names`:
+    how the memories and state fractions are called in the message). With a cluster, each
+    instance has `memory` of its own: the same checks hold."""
     check_inputs(trace, profile, base)
     policies = check_policies(policies)
     if cluster is not None:
@@ -121,15 +144,20 @@ def _cells(
     check_paged(policies, trace, base, "policies")
     routers = check_cluster(routers, cluster, trace, base)
     strategies = {p: policy_strategy(p) for p in policies}
-    memories = check_reals(memories, "memories", low=0)
+    memories = check_reals(memories, names[0], low=0)
     fractions = [base.state_fraction]
     if state_fractions is not None:
-        fractions = check_reals(state_fractions, "state_fractions", low=0, high=1)
+        fractions = check_reals(state_fractions, names[1], low=0, high=1)
+    points = []
     for f in fractions:
         for m in memories:
             cfg = replace(base, memory_gb=m, state_fraction=f)
-            check_memory(trace, profile, cfg, strategies, "memories")
-    return build_cells(policies, memories, base, fractions, routers, cluster)
+            try:
+                points.append((cfg, check_memory(trace, profile, cfg, strategies, names[0])))
+            except ValueError as e:
+                at = f" (with {names[1]} {f:g})" if state_fractions is not None else ""
+                raise ValueError(f"{e}{at}") from None
+    return Checked(build_cells(policies, memories, base, fractions, routers, cluster), points)
 
 
 def _run(
@@ -139,7 +167,7 @@ def _run(
     workers: int,
     bar: Counter,
     executor: Executor | None,
-) -> list[dict[str, Any]]:
+) -> list[ReplayResult]:
     global _WORK
     _WORK = (trace, profile)
     try:
@@ -156,7 +184,7 @@ def _run(
         _WORK = None
 
 
-def table(data: dict[str, Any]) -> str:
+def table(data: Mapping[str, Any]) -> str:
     """The results as a fixed-width table, one row per (memory, policy). Hit
     rates are over all requests: `dropped` ones (never served) count as misses."""
     w = max([12] + [len(r["policy"]) for r in data["results"]])
@@ -186,7 +214,7 @@ def _seconds(x: float | None) -> str:
     return f"{'-':>9}" if x is None else f"{x:>8.3f}s"
 
 
-def _row(r: dict[str, Any], w: int) -> str:
+def _row(r: Mapping[str, Any], w: int) -> str:
     return (
         f"{r['memory_gb']:>5g}GB {r['policy']:<{w}} {r['token_hit_rate']:>8.1%} "
         f"{r['share_of_bound']:>8.1%} {r['request_hit_rate']:>8.1%} {r['dropped']:>7,} "
@@ -195,7 +223,7 @@ def _row(r: dict[str, Any], w: int) -> str:
     )
 
 
-def _mark_dropped(ax: Any, results: list[dict[str, Any]]) -> None:
+def _mark_dropped(ax: Any, results: list[Mapping[str, Any]]) -> None:
     """A black cross on every point at which some requests were dropped."""
     hit = [r for r in results if r["dropped"]]
     if hit:
@@ -210,7 +238,7 @@ def _mark_dropped(ax: Any, results: list[dict[str, Any]]) -> None:
         )
 
 
-def plot(data: dict[str, Any], path: str | BinaryIO) -> None:
+def plot(data: Mapping[str, Any], path: str | BinaryIO) -> None:
     """Token hit rate against memory, one line per policy, the bound as a line;
     a cross marks the points at which requests were dropped. The format
     follows `path`'s extension (a binary stream gets a PNG)."""

@@ -3,40 +3,58 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import IO, Any
 
 from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.explain.attribute import CATEGORIES
 from mambaradix.replay.explain.records import Explanation
+from mambaradix.replay.results import ModelInfo, TraceInfo
 from mambaradix.replay.trace import Trace
+from mambaradix.results import JsonResult, omitted
+
+
+@dataclass(frozen=True, eq=False)
+class ExplainBound(JsonResult):
+    """The bound (unlimited memory, a state everywhere): its rate and tokens."""
+
+    token_hit_rate: float
+    tokens: int
+
+
+@dataclass(frozen=True, eq=False)
+class ExplainResult(JsonResult):
+    """`explain`'s summary: the trace, the model, the bound, the categories and each
+    run's aggregate (`Explanation.to_json`; the per-request records are
+    `Explanation.requests_json`). `policies_left_out`, `elapsed_s`: set by the command
+    line. Attribute access is the typed way to read it; it is also the read-only mapping
+    over its JSON keys (`mambaradix.results`)."""
+
+    trace: TraceInfo
+    model: ModelInfo
+    bound: ExplainBound
+    categories: list[str]
+    results: list[Explanation]
+    policies_left_out: dict[str, str] | None = omitted()
+    elapsed_s: float | None = omitted()
 
 
 def data(
     trace: Trace, profile: ModelProfile, bound_tokens: int, runs: Sequence[Explanation]
-) -> dict[str, Any]:
-    """Everything but the per-request records, JSON-ready."""
+) -> ExplainResult:
+    """Everything but the per-request records."""
     prompt = trace.prompt_tokens
-    return {
-        "trace": {
-            "name": trace.name,
-            "requests": len(trace),
-            "prompt_tokens": prompt,
-            "unit_tokens": trace.unit_tokens,
-            "source": trace.source,
-        },
-        "model": {
-            "name": profile.name,
-            "kv_bytes_per_token": profile.kv_bytes_per_token,
-            "state_bytes": profile.state_bytes,
-        },
-        "bound": {"token_hit_rate": bound_tokens / max(1, prompt), "tokens": bound_tokens},
-        "categories": list(CATEGORIES),
-        "results": [e.to_json() for e in runs],
-    }
+    return ExplainResult(
+        trace=TraceInfo(trace.name, len(trace), prompt, trace.unit_tokens, trace.source),
+        model=ModelInfo(profile.name, profile.kv_bytes_per_token, profile.state_bytes),
+        bound=ExplainBound(bound_tokens / max(1, prompt), bound_tokens),
+        categories=list(CATEGORIES),
+        results=list(runs),
+    )
 
 
-def table(summary: dict[str, Any]) -> str:
+def table(summary: Mapping[str, Any]) -> str:
     """One block per run: hit and gap, then the categories that hold tokens,
     with their share of the gap."""
     t, b = summary["trace"], summary["bound"]

@@ -6,13 +6,15 @@ host axis) costs its device memory."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from mambaradix.replay.plan.targets import Goal
 
 __all__ = ["cost_gb", "dominates", "pareto", "recommend"]
 
-Row = dict[str, Any]
+Row = Mapping[str, Any]  # a point: `results.PlanPoint` or its JSON
+R = TypeVar("R", bound=Row)
 
 
 def cost_gb(row: Row) -> float:
@@ -31,12 +33,12 @@ def dominates(a: Row, b: Row, ttft: str) -> bool:
     return all(x <= y for x, y in zip(ca, cb, strict=True)) and ca != cb
 
 
-def pareto(rows: list[Row], ttft: str) -> list[Row]:
+def pareto(rows: list[R], ttft: str) -> list[R]:
     """The rows no other row dominates, by memory then hit rate; of rows with equal
     costs, the first. Rows that dropped requests are left out (they did not serve the
     trace). Sorting by the costs lets each row be checked against the kept ones only."""
     ordered = sorted((r for r in rows if not r["dropped"]), key=lambda r: _costs(r, ttft))
-    kept: list[Row] = []
+    kept: list[R] = []
     for r in ordered:
         c = _costs(r, ttft)
         if not any(all(x <= y for x, y in zip(_costs(k, ttft), c, strict=True)) for k in kept):
@@ -44,7 +46,7 @@ def pareto(rows: list[Row], ttft: str) -> list[Row]:
     return kept
 
 
-def recommend(rows: list[Row], goal: Goal, ttft: str) -> Row | None:
+def recommend(rows: list[R], goal: Goal, ttft: str) -> R | None:
     """With targets: the least memory cost meeting them all (within the budget), then
     the higher hit rate, then the lower TTFT. With a budget only: the highest hit rate
     within it, then the least cost, then the lower TTFT. None if none qualifies."""

@@ -3,6 +3,7 @@ replayed, the frontier, the recommendation, the target and the bound)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, BinaryIO
 
 from mambaradix.replay.plan.frontier import cost_gb
@@ -23,7 +24,7 @@ NAMES = {
 }
 
 
-def _row(r: dict[str, Any], bound: float, ttft: str, w: int, host: bool) -> str:
+def _row(r: Mapping[str, Any], bound: float, ttft: str, w: int, host: bool) -> str:
     share = r["token_hit_rate"] / bound if bound else 0.0
     tiers = f"{r['host_gb']:>8g}GB {r['cost_gb']:>8.2f}GB " if host else ""
     return (
@@ -32,19 +33,19 @@ def _row(r: dict[str, Any], bound: float, ttft: str, w: int, host: bool) -> str:
     )
 
 
-def _where(r: dict[str, Any], host: bool) -> str:
+def _where(r: Mapping[str, Any], host: bool) -> str:
     if not host:
         return f"{r['memory_gb']:g} GB"
     return f"{r['memory_gb']:g} GB device + {r['host_gb']:g} GB host"
 
 
-def _said(r: dict[str, Any], ttft: str) -> str:
+def _said(r: Mapping[str, Any], ttft: str) -> str:
     t = "-" if r[ttft] is None else f"{r[ttft]:.3f} s"
     label = "mean TTFT" if ttft == "ttft_mean_s" else "p95 TTFT"
     return f"{r['token_hit_rate']:.1%} token hits, {label} {t}"
 
 
-def table(data: dict[str, Any]) -> str:
+def table(data: Mapping[str, Any]) -> str:
     bound = data["bound"]["token_hit_rate"]
     ttft = data["ttft"]
     lo = min(r["least_gb"] for r in data["ranges"])
@@ -94,7 +95,7 @@ def table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _closest(frontier: list[dict[str, Any]], ttft: str) -> list[str]:
+def _closest(frontier: list[Mapping[str, Any]], ttft: str) -> list[str]:
     """The frontier's best hit rate and best TTFT: how far the goal is."""
     if not frontier:
         return ["  (every configuration searched dropped requests)"]
@@ -109,7 +110,7 @@ def _closest(frontier: list[dict[str, Any]], ttft: str) -> list[str]:
     return out
 
 
-def plot(data: dict[str, Any], path: str | BinaryIO) -> None:
+def plot(data: Mapping[str, Any], path: str | BinaryIO) -> None:
     """Token hit rate against device memory (log), one series per setting, the frontier
     in black, the recommendation starred. PNG on a binary stream."""
     import matplotlib

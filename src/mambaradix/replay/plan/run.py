@@ -5,12 +5,22 @@ at that memory (with a host tier: their tiered setups at the same host bytes).""
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.bound import bound_hit_tokens
 from mambaradix.replay.checks import check_inputs, check_paged, check_policies, check_reals
 from mambaradix.replay.plan.frontier import pareto, recommend
+from mambaradix.replay.plan.results import (
+    Axes,
+    GoalInfo,
+    PeerDefault,
+    PlanFootprint,
+    PlanPoint,
+    PlanResult,
+    PlanTrace,
+    SettingRange,
+)
 from mambaradix.replay.plan.search import Evaluator, bisect_rounds, grid_points_of
 from mambaradix.replay.plan.space import (
     Footprint,
@@ -21,6 +31,7 @@ from mambaradix.replay.plan.space import (
     top_gb,
 )
 from mambaradix.replay.plan.targets import Goal, ttft_key
+from mambaradix.replay.results import Bound, ModelInfo
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace
 from mambaradix.validate import as_positive, as_real, as_type
@@ -128,7 +139,7 @@ def plan(
     progress: bool = False,
     host_gbs: list[float] | None = None,
     host_cost: float = DEFAULT_HOST_COST,
-) -> dict[str, Any]:
+) -> PlanResult:
     """Search (`search.py`) and report as JSON-ready data. `memories` replaces the
     derived grid (the same for every setting; a setting runs at those that serve
     its largest request). `host_gbs`: the host memories searched (default [0]: no
@@ -149,7 +160,7 @@ def plan(
 
 def search(
     p: Prepared, grid_points: int, resolution: float, workers: int | None, progress: bool
-) -> dict[str, Any]:
+) -> PlanResult:
     start = time.perf_counter()
     ev = Evaluator(p.trace, p.profile, p.base, workers, progress, p.host_cost)
     if p.memories is not None:
@@ -160,56 +171,41 @@ def search(
         bisect_rounds(ev, list(p.ranges), p.goal, resolution)
     ttft = ttft_key(p.goal)
     best = recommend(list(ev.rows.values()), p.goal, ttft)
-    defaults = _defaults(ev, best, p.trace, p.profile, p.base) if best else {}
+    defaults = _defaults(ev, best, p.trace, p.profile, p.base) if best is not None else {}
     rows = list(ev.rows.values())  # the defaults' too: configurations like any other
     best = recommend(rows, p.goal, ttft)  # the same memory; more hits if a default has them
-    return {
-        "trace": {
-            "name": p.trace.name,
-            "requests": len(p.trace),
-            "unit_tokens": p.trace.unit_tokens,
-        },
-        "model": {
-            "name": p.profile.name,
-            "kv_bytes_per_token": p.profile.kv_bytes_per_token,
-            "state_bytes": p.profile.state_bytes,
-        },
-        "bound": {"token_hit_rate": p.bound},
-        "footprint": {"kv_units": p.footprint.kv_units, "positions": p.footprint.positions},
-        "goal": {
-            "hit_rate": p.goal.hit_rate,
-            "ttft_mean_s": p.goal.ttft_mean_s,
-            "ttft_p95_s": p.goal.ttft_p95_s,
-            "budget_gb": p.goal.budget_gb,
-            "described": p.goal.describe(),
-        },
-        "ttft": ttft,
-        "axes": {
-            "policies": p.policies,
-            "state_fractions": p.fractions,
-            "memory": ["device", "host"] if any(p.hosts) else ["device"],
-            "host_gb": p.hosts,
-        },
-        "host_cost": p.host_cost,
-        "ranges": [
-            {
-                "setting": s.label(),
-                "policy": s.policy,
-                "state_fraction": s.state_fraction,
-                "host_gb": s.host_gb,
-                "least_gb": lo,
-                "top_gb": hi,
-            }
+    return PlanResult(
+        trace=PlanTrace(p.trace.name, len(p.trace), p.trace.unit_tokens),
+        model=ModelInfo(p.profile.name, p.profile.kv_bytes_per_token, p.profile.state_bytes),
+        bound=Bound(p.bound),
+        footprint=PlanFootprint(p.footprint.kv_units, p.footprint.positions),
+        goal=GoalInfo(
+            p.goal.hit_rate,
+            p.goal.ttft_mean_s,
+            p.goal.ttft_p95_s,
+            p.goal.budget_gb,
+            p.goal.describe(),
+        ),
+        ttft=ttft,
+        axes=Axes(
+            p.policies,
+            p.fractions,
+            ["device", "host"] if any(p.hosts) else ["device"],
+            p.hosts,
+        ),
+        host_cost=p.host_cost,
+        ranges=[
+            SettingRange(s.label(), s.policy, s.state_fraction, s.host_gb, lo, hi)
             for s, (lo, hi) in p.ranges.items()
         ],
-        "points": sorted(rows, key=lambda r: (r["setting"], r["memory_gb"], r["host_gb"])),
-        "frontier": pareto(rows, ttft),
-        "recommended": best,
-        "defaults": defaults,
-        "replays": len(rows),
-        "rounds": ev.batches,
-        "search_s": time.perf_counter() - start,
-    }
+        points=sorted(rows, key=lambda r: (r.setting, r.replay.memory_gb, r.host_gb)),
+        frontier=pareto(rows, ttft),
+        recommended=best,
+        defaults=defaults,
+        replays=len(rows),
+        rounds=ev.batches,
+        search_s=time.perf_counter() - start,
+    )
 
 
 def least_gb_of(ranges: dict[Setting, tuple[float, float]], s: Setting) -> float:
@@ -229,17 +225,17 @@ def _check_budget(goal: Goal, ranges: dict[Setting, tuple[float, float]], host_c
 
 def _defaults(
     ev: Evaluator,
-    best: dict[str, Any],
+    best: PlanPoint,
     trace: Trace,
     profile: ModelProfile,
     base: ServingConfig,
-) -> dict[str, Any]:
+) -> dict[str, PeerDefault]:
     """SGLang's and vLLM's default sizing at the recommended memory: their row, or
     why they do not run there. With a host tier, the peers' tiered setups at the same
     host memory and device memory (`HOST_DEFAULTS`), or at their least device memory
     when they need more to serve the largest request."""
-    memory, host = best["memory_gb"], best["host_gb"]
-    out: dict[str, Any] = {}
+    memory, host = best.replay.memory_gb, best.host_gb
+    out: dict[str, PeerDefault] = {}
     todo = []
     for engine, s in (HOST_DEFAULTS if host else DEFAULTS).items():
         s = s._replace(host_gb=host)
@@ -249,16 +245,16 @@ def _defaults(
             check_paged([s.policy], trace, base, "policies")
             least = least_gb(trace, profile, base, s)
         except ValueError as e:
-            out[engine] = {"setting": s.label(), "runs": False, "why": str(e)}
+            out[engine] = PeerDefault(s.label(), False, why=str(e))
             continue
         if memory < least and not host:
             why = f"needs {least:g} GB to serve the largest request"
-            out[engine] = {"setting": s.label(), "runs": False, "why": why}
+            out[engine] = PeerDefault(s.label(), False, why=why)
             continue
         # with a host tier the comparison is at equal host bytes: a peer that needs more
         # device memory than the recommendation runs at its least (more than ours)
         todo.append((engine, s, max(memory, least)))
     ev.run([(s, m) for _, s, m in todo])
     for engine, s, m in todo:
-        out[engine] = {"setting": s.label(), "runs": True, **ev.rows[(s, m)]}
+        out[engine] = PeerDefault(s.label(), True, point=ev.rows[(s, m)])
     return out

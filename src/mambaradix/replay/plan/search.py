@@ -24,14 +24,15 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from typing import Any
 
 from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.cells import Cell, run_cell
 from mambaradix.replay.forked import run_forked
+from mambaradix.replay.plan.results import PlanPoint
 from mambaradix.replay.plan.space import Setting
 from mambaradix.replay.plan.targets import Goal
 from mambaradix.replay.progress import counter
+from mambaradix.replay.results import ReplayResult
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace
 
@@ -41,7 +42,7 @@ Point = tuple[Setting, float]
 _WORK: tuple[Trace, ModelProfile] | None = None  # inherited by forked workers
 
 
-def _one(item: tuple[int, Cell]) -> tuple[int, dict[str, Any]]:
+def _one(item: tuple[int, Cell]) -> tuple[int, ReplayResult]:
     assert _WORK is not None
     return item[0], run_cell(_WORK, item[1])
 
@@ -62,7 +63,7 @@ class Evaluator:
         self.host_cost = host_cost
         self.workers = workers or os.cpu_count() or 1
         self.progress = progress
-        self.rows: dict[Point, dict[str, Any]] = {}
+        self.rows: dict[Point, PlanPoint] = {}
         self.batches = 0
 
     def run(self, points: list[Point]) -> None:
@@ -76,7 +77,7 @@ class Evaluator:
         _WORK = (self.trace, self.profile)
         try:
             workers = min(self.workers, len(items))
-            done: list[tuple[int, dict[str, Any]]]
+            done: list[tuple[int, ReplayResult]]
             if workers <= 1:
                 done = []
                 for item in items:
@@ -87,15 +88,12 @@ class Evaluator:
         finally:
             _WORK = None
             bar.close()
-        for i, row in done:
+        for i, result in done:
             s, m = todo[i]
-            row["state_fraction"] = s.state_fraction
-            row["host_gb"] = s.host_gb
-            row["cost_gb"] = s.cost(m, self.host_cost)
-            row["setting"] = s.label()
-            self.rows[(s, m)] = row
+            cost = s.cost(m, self.host_cost)
+            self.rows[(s, m)] = PlanPoint(result, s.state_fraction, s.host_gb, cost, s.label())
 
-    def of(self, s: Setting) -> list[tuple[float, dict[str, Any]]]:
+    def of(self, s: Setting) -> list[tuple[float, PlanPoint]]:
         """A setting's evaluated points, by memory."""
         return sorted((m, r) for (t, m), r in self.rows.items() if t == s)
 

@@ -5,6 +5,7 @@ when no host tier is searched)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,7 @@ class Goal:
     def targets(self) -> bool:
         return any(x is not None for x in (self.hit_rate, self.ttft_mean_s, self.ttft_p95_s))
 
-    def met(self, row: dict[str, Any]) -> bool:
+    def met(self, row: Mapping[str, Any]) -> bool:
         """Whether a replay's result meets every target (a run that dropped a
         request, or served none, has no TTFT to compare: not met)."""
         if row["dropped"]:

@@ -12,7 +12,11 @@ prompt and answer (what a prefix cache can reuse), and the ideal bound.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from mambaradix.results import JsonResult, flat
 
 from ..bound import bound_hit_tokens
 from ..sessions import previous_turns
@@ -20,7 +24,7 @@ from ..trace import Trace, TraceRequest
 from ._io import Fields, PathLike, TraceFormatError, json_lines
 from .jsonl import detect_format, load_trace
 
-__all__ = ["check_file", "describe", "summarize"]
+__all__ = ["TraceSummary", "check_file", "describe", "summarize"]
 
 
 def check_file(path: PathLike) -> Trace:
@@ -58,17 +62,82 @@ def _check_sessions(path: PathLike) -> None:
                 )
 
 
-def _stats(values: list[int] | list[float]) -> dict[str, float]:
+@dataclass(frozen=True, eq=False)
+class Spread(JsonResult):
+    """Per request: min, median, mean, p95 and max."""
+
+    min: float
+    p50: float
+    mean: float
+    p95: float
+    max: float
+
+
+def _spread(values: list[int] | list[float]) -> Spread | None:
     ordered = sorted(values)
     if not ordered:
-        return {}
-    return {
-        "min": ordered[0],
-        "p50": statistics.median(ordered),
-        "mean": statistics.fmean(ordered),
-        "p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
-        "max": ordered[-1],
-    }
+        return None
+    return Spread(
+        min=ordered[0],
+        p50=statistics.median(ordered),
+        mean=statistics.fmean(ordered),
+        p95=ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+        max=ordered[-1],
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Tokens(JsonResult):
+    """A token count over the trace, and its spread per request (absent: none)."""
+
+    total: int
+    spread: Spread | None = flat()
+
+
+@dataclass(frozen=True, eq=False)
+class ThinkTimes(JsonResult):
+    """How many later turns record a think time, and their spread (absent: none)."""
+
+    recorded: int
+    spread: Spread | None = flat()
+
+
+@dataclass(frozen=True, eq=False)
+class TurnsPerSession(JsonResult):
+    mean: float
+    max: int
+
+
+@dataclass(frozen=True, eq=False)
+class TraceBound(JsonResult):
+    """The ideal bound: hit tokens with unlimited memory and a state everywhere."""
+
+    hit_tokens: int
+    token_hit_rate: float
+
+
+@dataclass(frozen=True, eq=False)
+class TraceSummary(JsonResult):
+    """`summarize`'s figures (the module docstring). Attribute access is the typed way
+    to read them; it is also the read-only mapping over its JSON keys
+    (`mambaradix.results`), as `mambaradix trace check --json` writes it."""
+
+    name: str
+    path: str | None
+    format: object
+    version: object
+    unit_tokens: int
+    requests: int
+    sessions: int
+    later_turns: int
+    turns_per_session: TurnsPerSession
+    span_s: float
+    prompt_tokens: Tokens
+    output_tokens: Tokens
+    think_s: ThinkTimes
+    extending_turns: int
+    bound: TraceBound
+    source: str
 
 
 def _extends(prev: TraceRequest, r: TraceRequest, unit: int) -> bool:
@@ -81,7 +150,7 @@ def _extends(prev: TraceRequest, r: TraceRequest, unit: int) -> bool:
     return r.input_units[: len(history)] == history
 
 
-def summarize(trace: Trace, path: PathLike | None = None) -> dict[str, Any]:
+def summarize(trace: Trace, path: PathLike | None = None) -> TraceSummary:
     """The trace's figures, JSON-ready (see the module docstring)."""
     reqs = trace.requests
     prev = previous_turns(trace)
@@ -92,33 +161,29 @@ def summarize(trace: Trace, path: PathLike | None = None) -> dict[str, Any]:
     thinks = [r.think_s for _, r in later if r.think_s is not None]
     hits = bound_hit_tokens(trace)
     prompt = trace.prompt_tokens
-    return {
-        "name": trace.name,
-        "path": str(path) if path is not None else None,
-        "format": trace.meta.get("format"),
-        "version": trace.meta.get("version"),
-        "unit_tokens": trace.unit_tokens,
-        "requests": len(reqs),
-        "sessions": len(per_session),
-        "later_turns": len(later),
-        "turns_per_session": {
-            "mean": len(reqs) / len(per_session),
-            "max": max(per_session.values()),
-        },
-        "span_s": reqs[-1].ts - reqs[0].ts,
-        "prompt_tokens": {"total": prompt, **_stats([r.input_tokens for r in reqs])},
-        "output_tokens": {
-            "total": sum(r.output_tokens for r in reqs),
-            **_stats([r.output_tokens for r in reqs]),
-        },
-        "think_s": {"recorded": len(thinks), **_stats(thinks)},
-        "extending_turns": sum(_extends(p, r, trace.unit_tokens) for p, r in later),
-        "bound": {"hit_tokens": sum(hits), "token_hit_rate": sum(hits) / max(1, prompt)},
-        "source": trace.source,
-    }
+    return TraceSummary(
+        name=trace.name,
+        path=str(path) if path is not None else None,
+        format=trace.meta.get("format"),
+        version=trace.meta.get("version"),
+        unit_tokens=trace.unit_tokens,
+        requests=len(reqs),
+        sessions=len(per_session),
+        later_turns=len(later),
+        turns_per_session=TurnsPerSession(len(reqs) / len(per_session), max(per_session.values())),
+        span_s=reqs[-1].ts - reqs[0].ts,
+        prompt_tokens=Tokens(prompt, _spread([r.input_tokens for r in reqs])),
+        output_tokens=Tokens(
+            sum(r.output_tokens for r in reqs), _spread([r.output_tokens for r in reqs])
+        ),
+        think_s=ThinkTimes(len(thinks), _spread(thinks)),
+        extending_turns=sum(_extends(p, r, trace.unit_tokens) for p, r in later),
+        bound=TraceBound(sum(hits), sum(hits) / max(1, prompt)),
+        source=trace.source,
+    )
 
 
-def describe(summary: dict[str, Any]) -> str:
+def describe(summary: Mapping[str, Any]) -> str:
     """The summary as the lines `mambaradix trace check` prints."""
     s = summary
     kind = "token ids" if s["unit_tokens"] == 1 else f"{s['unit_tokens']}-token block hashes"
