@@ -6,7 +6,7 @@ Loads both builds of the core in this one process (`tests/core_builds.py`: compi
 then pure) and replays `bench_vs_sglang.py`'s serving-like op sequence (same generator,
 same defaults) through each, in every mode (the default, compat="sglang-0.5.15.post1",
 compat="sglang-0.5.23"), plus the default mode with the tree's own KV check
-(check_kv=True), in rotating order after a warm-up. Tree time only (`drivers.replay_ours`
+(check_kv=True), in rotating order after a warm-up. Tree time only (`drivers.replay`
 times each call). Prints each repeat's totals and, per mode, the median over repeats of
 pure / compiled (> 1: the compiled core is faster). Needs the compiled build
 (`pip install -e .`, docs/build.md).
@@ -25,7 +25,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent / "tests")]
 
 from core_builds import load_cache_class  # noqa: E402
-from drivers import replay_ours, warm_allocator  # noqa: E402
+from drivers import Ours, replay, warm_allocator  # noqa: E402
 from workload import WorkloadConfig, generate  # noqa: E402
 
 MODES: dict[str, dict[str, Any]] = {
@@ -38,7 +38,7 @@ BUILDS = ("compiled", "pure")
 
 
 def with_options(cls: Any, options: dict[str, Any]) -> Any:
-    """`cls` built with `options` beyond replay_ours's (check_kv)."""
+    """`cls` built with `options` beyond `drivers.Ours`'s (check_kv)."""
     extra = {k: v for k, v in options.items() if k != "compat"}
 
     class Built(cls):  # type: ignore[misc, valid-type]
@@ -48,8 +48,8 @@ def with_options(cls: Any, options: dict[str, Any]) -> Any:
     return Built
 
 
-def timed_ms(replay: Any) -> float:
-    return sum(t for t in replay.times if t >= 0) / 1e6
+def timed_ms(r: Any) -> float:
+    return sum(t for t in r.times if t >= 0) / 1e6
 
 
 def per_op_median_ms(replays: list[Any]) -> float:
@@ -75,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(b, m) for m in MODES for b in BUILDS]
     built = {(b, m): with_options(classes[b], MODES[m]) for b, m in runs}
     for b, m in runs:  # warm-up
-        replay_ours(w, MODES[m]["compat"], limit=3000, cache_cls=built[b, m])
+        replay(w, Ours(MODES[m]["compat"], cache_cls=built[b, m]), limit=3000)
     replays: dict[tuple[str, str], list[Any]] = {r: [] for r in runs}
     for rep in range(args.repeats):
         for b, m in runs[rep % len(runs) :] + runs[: rep % len(runs)]:
             gc.collect()
-            replays[b, m].append(replay_ours(w, MODES[m]["compat"], cache_cls=built[b, m]))
+            replays[b, m].append(replay(w, Ours(MODES[m]["compat"], cache_cls=built[b, m])))
         print(
             f"repeat {rep + 1}: "
             + " ".join(f"{b}/{m}={timed_ms(replays[b, m][-1]):.0f}" for b, m in runs)

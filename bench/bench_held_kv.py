@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from drivers import REPO, replay_ours, warm_allocator  # noqa: E402
+from drivers import REPO, Ours, replay, warm_allocator  # noqa: E402
 from workload import OP_NAMES, WorkloadConfig, generate  # noqa: E402
 
 MODES = {"compat": "sglang-0.5.15.post1", "default": None}
@@ -142,12 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     trees = TREES
     pairs = [(t, m) for m in MODES for t in trees]
     for t, m in pairs:  # warm-up
-        replay_ours(w, MODES[m], limit=3000, cache_cls=classes[t])
+        replay(w, Ours(MODES[m], cache_cls=classes[t]), limit=3000)
     runs: dict[tuple[str, str], list[Any]] = {p: [] for p in pairs}
     for rep in range(args.repeats):
         for t, m in pairs[rep % len(pairs) :] + pairs[: rep % len(pairs)]:
             gc.collect()
-            runs[t, m].append(replay_ours(w, MODES[m], cache_cls=classes[t]))
+            runs[t, m].append(replay(w, Ours(MODES[m], cache_cls=classes[t])))
         print(
             f"repeat {rep + 1}: "
             + " ".join(f"{t}/{m}={timed_ms(runs[t, m][-1]):.0f}" for t, m in pairs)

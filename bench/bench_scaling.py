@@ -37,231 +37,23 @@ import statistics
 import sys
 from array import array
 from pathlib import Path
-from time import perf_counter_ns
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from drivers import (  # noqa: E402
-    UnifiedDirect,
-    UpstreamDirect,
+    Ours,
+    Unified,
+    Upstream,
+    add_common_args,
+    picked,
     set_torch_threads,
     timer_overhead_ns,
     warm_allocator,
 )
-from mambaradix import MambaRadixCache  # noqa: E402
 
 VOCAB = 32_000
 OVERHEAD = 0
-
-
-class Upstream:
-    name = "sglang"
-
-    def __init__(self) -> None:
-        self.d = UpstreamDirect(1, 64)
-        self.c = self.d.inner
-        self.torch = self.d.torch
-
-    def prep_insert(self, key: array[int], base: int, state: int, prev: int = 0) -> Any:
-        d, torch = self.d, self.torch
-        return d.InsertParams(
-            key=d.RadixKey(key, None),
-            value=torch.arange(base, base + len(key), dtype=torch.int64),
-            mamba_value=torch.tensor([state], dtype=torch.int64),
-            prev_prefix_len=prev,
-        )
-
-    def insert(self, p: Any) -> int:
-        ins = self.c.insert
-        t0 = perf_counter_ns()
-        ins(p)
-        t1 = perf_counter_ns()
-        self.d.drop_freed()
-        return t1 - t0
-
-    def prep_match(self, key: array[int]) -> Any:
-        return self.d.MatchPrefixParams(key=self.d.RadixKey(key, None))
-
-    def match(self, p: Any) -> tuple[int, int, Any]:
-        m = self.c.match_prefix
-        t0 = perf_counter_ns()
-        r = m(p)
-        t1 = perf_counter_ns()
-        return t1 - t0, len(r.device_indices), r.last_device_node
-
-    def lock(self, node: Any) -> tuple[int, Any]:
-        f = self.c.inc_lock_ref
-        t0 = perf_counter_ns()
-        f(node)
-        t1 = perf_counter_ns()
-        return t1 - t0, node
-
-    def unlock(self, handle: Any) -> int:
-        f = self.c.dec_lock_ref
-        t0 = perf_counter_ns()
-        f(handle)
-        t1 = perf_counter_ns()
-        return t1 - t0
-
-    def evict(self, kv: int, st: int) -> int:
-        f, p = self.c.evict, self.d.EvictParams(num_tokens=kv, mamba_num=st)
-        t0 = perf_counter_ns()
-        f(p)
-        t1 = perf_counter_ns()
-        self.d.drop_freed()
-        return t1 - t0
-
-    def nodes(self) -> int:
-        return self.d.node_count()
-
-    def evict_lru_leaf(self) -> None:
-        """Untimed: evict the LRU leaf; refcounting frees its key and value at once."""
-        self.c.evict(self.d.EvictParams(num_tokens=1))
-        self.d.drop_freed()
-
-
-class Unified:
-    """SGLang 0.5.23 (`backend` "rust" or "python"), called as `drivers.replay_unified` calls
-    it: the timed match includes reading the prefix's KV indices off the path."""
-
-    def __init__(self, backend: str) -> None:
-        self.d = UnifiedDirect(backend, 1, 64)
-        self.c = self.d.inner
-        self.torch = self.d.torch
-
-    def prep_insert(self, key: array[int], base: int, state: int, prev: int = 0) -> Any:
-        d, torch = self.d, self.torch
-        return d.InsertParams(
-            key=d.RadixKey(key, None),
-            value=torch.arange(base, base + len(key), dtype=torch.int64),
-            mamba_value=torch.tensor([state], dtype=torch.int64),
-            prev_prefix_len=prev,
-        )
-
-    def insert(self, p: Any) -> int:
-        ins = self.c.insert
-        t0 = perf_counter_ns()
-        ins(p)
-        t1 = perf_counter_ns()
-        self.d.drop_freed()
-        return t1 - t0
-
-    def prep_match(self, key: array[int]) -> Any:
-        return self.d.MatchPrefixParams(key=self.d.RadixKey(key, None))
-
-    def match(self, p: Any) -> tuple[int, int, Any]:
-        m, path = self.c.match_prefix, self.c.path_device_indices
-        t0 = perf_counter_ns()
-        r = m(p)
-        n = r.device_prefix_len
-        if n:
-            path(r.last_device_node)[:n]
-        t1 = perf_counter_ns()
-        return t1 - t0, n, r.last_device_node
-
-    def lock(self, node: Any) -> tuple[int, Any]:
-        f = self.c.lock
-        t0 = perf_counter_ns()
-        h = f(node)
-        t1 = perf_counter_ns()
-        return t1 - t0, h
-
-    def unlock(self, handle: Any) -> int:
-        f = self.c.unlock
-        t0 = perf_counter_ns()
-        f(handle)
-        t1 = perf_counter_ns()
-        return t1 - t0
-
-    def evict(self, kv: int, st: int) -> int:
-        f, p = self.c.evict, self.d.EvictParams(num_tokens=kv, mamba_num=st)
-        t0 = perf_counter_ns()
-        f(p)
-        t1 = perf_counter_ns()
-        self.d.drop_freed()
-        return t1 - t0
-
-    def nodes(self) -> int | None:
-        return None  # the Rust core exposes no node count: by_size copies compat23's tree
-
-    def evict_lru_leaf(self) -> None:
-        """Untimed: evict the LRU leaf."""
-        self.c.evict(self.d.EvictParams(num_tokens=1))
-        self.d.drop_freed()
-
-
-class Ours:
-    def __init__(self, compat: str | None) -> None:
-        self.name = {None: "default", "sglang-0.5.23": "compat23"}.get(compat, "compat")
-        self.c = MambaRadixCache(page_size=1, chunk_size=64, compat=compat)
-
-    def prep_insert(self, key: array[int], base: int, state: int, prev: int = 0) -> Any:
-        return key, array("q", range(base, base + len(key))), state, prev
-
-    def insert(self, p: Any) -> int:
-        ins = self.c.insert
-        key, values, state, prev = p
-        t0 = perf_counter_ns()
-        ins(key, values, state, prev)
-        t1 = perf_counter_ns()
-        return t1 - t0
-
-    def prep_match(self, key: array[int]) -> Any:
-        return key
-
-    def match(self, p: Any) -> tuple[int, int, Any]:
-        m = self.c.match_prefix
-        t0 = perf_counter_ns()
-        r = m(p)
-        t1 = perf_counter_ns()
-        return t1 - t0, r.prefix_len, r.node
-
-    def match_read_only(self, p: Any) -> int:
-        m = self.c.match_prefix
-        t0 = perf_counter_ns()
-        m(p, read_only=True)
-        t1 = perf_counter_ns()
-        return t1 - t0
-
-    def lock(self, node: Any) -> tuple[int, Any]:
-        f = self.c.inc_lock_ref
-        t0 = perf_counter_ns()
-        h = f(node)
-        t1 = perf_counter_ns()
-        return t1 - t0, h
-
-    def unlock(self, handle: Any) -> int:
-        f = self.c.dec_lock_ref
-        t0 = perf_counter_ns()
-        f(handle)
-        t1 = perf_counter_ns()
-        return t1 - t0
-
-    def evict(self, kv: int, st: int) -> int:
-        f = self.c.evict
-        t0 = perf_counter_ns()
-        f(kv, st)
-        t1 = perf_counter_ns()
-        return t1 - t0
-
-    def nodes(self) -> int:
-        return self.c.node_count()
-
-    def evict_lru_leaf(self) -> None:
-        """Untimed: evict the LRU leaf and free its arrays now.
-
-        Our TreeNode and its two Links reference each other, so an evicted node (with its
-        key and value arrays) lives until the cyclic GC finds it; old nodes sit in the
-        oldest generation, collected rarely. Without this, every timed insert of a long key
-        page-faults fresh memory (~4x the insert's cost at 64k tokens) while upstream's
-        evicted arrays are reused at once. Breaking the cycle here emulates the fix
-        suggested for src (clear `link.node` in `_detach`)."""
-        link = self.c.lru[0].lru_unlocked_leaf()
-        self.c.evict(1, 0)
-        if link is not None and link.node is not None:
-            node = link.node
-            node.kv.node = node.st.node = None
 
 
 MAKERS = {
@@ -333,16 +125,16 @@ def by_length(lengths: list[int], reps: int, seed: int) -> dict[str, dict[int, d
             }
             for i in range(reps):
                 s = edge_seqs[i % 4]
-                t, p, _ = impl.match(impl.prep_match(s))
-                assert p == n, (name, n, p)
+                t, m = impl.match(impl.prep_match(s))
+                assert m.prefix_len == n, (name, n, m.prefix_len)
                 res["match_1edge"].append(t)
                 s = chain_seqs[i % 4]
-                t, p, _ = impl.match(impl.prep_match(s))
-                assert p == n, (name, n, p)
+                t, m = impl.match(impl.prep_match(s))
+                assert m.prefix_len == n, (name, n, m.prefix_len)
                 res["match_chain"].append(t)
                 ext = s + tok.seq(256)
                 res["insert_extend"].append(
-                    impl.insert(impl.prep_insert(ext, tok.base(len(ext)), tok.st(), n))
+                    impl.insert(impl.prep_insert(ext, tok.base(len(ext)), tok.st(), n))[0]
                 )
             # insert_new in steady state: a tree of 4 L-token leaves; before each timed insert
             # the LRU leaf is evicted (untimed), so memory is recycled as in a long-running
@@ -353,7 +145,7 @@ def by_length(lengths: list[int], reps: int, seed: int) -> dict[str, dict[int, d
             for _ in range(reps):
                 impl.evict_lru_leaf()
                 res["insert_new"].append(
-                    impl.insert(impl.prep_insert(tok.seq(n), tok.base(n), tok.st()))
+                    impl.insert(impl.prep_insert(tok.seq(n), tok.base(n), tok.st()))[0]
                 )
             out[name][n] = {k: us(v) for k, v in res.items()}
     return out
@@ -377,17 +169,17 @@ def by_depth(
             for rep in range(reps):
                 if isinstance(impl, Ours) and rep % 2:  # either one first: neither warms the other
                     res.setdefault("match_read_only", []).append(impl.match_read_only(s))
-                t, p, node = impl.match(impl.prep_match(s))
-                assert p == n
+                t, m = impl.match(impl.prep_match(s))
+                assert m.prefix_len == n
                 res["match"].append(t)
                 if isinstance(impl, Ours) and not rep % 2:
                     res.setdefault("match_read_only", []).append(impl.match_read_only(s))
-                t, h = impl.lock(node)
+                t, h = impl.lock(m.node)
                 res["lock"].append(t)
                 res["unlock"].append(impl.unlock(h))
                 ext = s + tok.seq(256)
                 res["insert_extend"].append(
-                    impl.insert(impl.prep_insert(ext, tok.base(len(ext)), tok.st(), n))
+                    impl.insert(impl.prep_insert(ext, tok.base(len(ext)), tok.st(), n))[0]
                 )
             out[name][depth] = {k: us(v) for k, v in res.items()}
     return out
@@ -426,19 +218,19 @@ def by_size(sizes: list[int], reps: int, seed: int) -> dict[str, dict[int, dict[
                 nodes = counted[size]
             for _ in range(reps):
                 s = rng.choice(sessions)
-                t, p, node = impl.match(impl.prep_match(s))
+                t, m = impl.match(impl.prep_match(s))
                 res["match_hit"].append(t)
-                t, h = impl.lock(node)
+                t, h = impl.lock(m.node)
                 res["lock"].append(t)
                 res["unlock"].append(impl.unlock(h))
                 ext = s + tok.seq(200)
                 res["insert_turn"].append(
-                    impl.insert(impl.prep_insert(ext, tok.base(len(ext)), tok.st(), len(s)))
+                    impl.insert(impl.prep_insert(ext, tok.base(len(ext)), tok.st(), len(s)))[0]
                 )
             for _ in range(reps):
-                res["evict_kv"].append(impl.evict(1, 0))
+                res["evict_kv"].append(impl.evict(1, 0)[0])
             for _ in range(reps):
-                res["evict_state"].append(impl.evict(0, 1))
+                res["evict_state"].append(impl.evict(0, 1)[0])
             out[name][size] = {"nodes": nodes, **{k: us(v) for k, v in res.items()}}
     return out
 
@@ -502,25 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", default="1,8,64,512")
     ap.add_argument("--sizes", default="100,1000,10000")
     ap.add_argument("--only", choices=("length", "depth", "size"))
-    ap.add_argument(
-        "--torch-threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads for upstream's tensors (0: torch's default)",
-    )
-    ap.add_argument(
-        "--impls",
-        default=",".join(NAMES),
-        help=f"comma-separated subset of {','.join(NAMES)} (default: all)",
-    )
+    add_common_args(ap, "--impls", NAMES)
     args = ap.parse_args(argv)
-    picked = tuple(x.strip() for x in args.impls.split(",") if x.strip())
-    bad = [x for x in picked if x not in MAKERS]
-    if bad or not picked:
-        ap.error(f"--impls: unknown {bad}; choose from {','.join(MAKERS)}")
-    if any(x in picked for x in ("rust", "py23")) and "compat23" not in picked:
-        picked += ("compat23",)  # by_size sizes SGLang 0.5.23's trees by it
-    NAMES = tuple(n for n in MAKERS if n in picked)
+    impls = picked(ap, "--impls", args.impls, tuple(MAKERS))
+    if any(x in impls for x in ("rust", "py23")) and "compat23" not in impls:
+        impls += ("compat23",)  # by_size sizes SGLang 0.5.23's trees by it
+    NAMES = tuple(n for n in MAKERS if n in impls)
     warm_allocator()
     set_torch_threads(args.torch_threads)
     OVERHEAD = timer_overhead_ns()

@@ -112,20 +112,28 @@ def run(root: str, nbytes: int, repeats: int, cold: bool) -> None:
     assert got is not None and bytes(got["conv"]) + bytes(got["ssm"]) == data
 
     med = {name: statistics.median(ts) for name, ts in times.items()}
-    print(f"# {platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"dir {root}, {nbytes / 1e6:.0f} MB, {repeats} repeats, "
-          f"{'cold' if cold else 'page-cache'} reads")
+    print(
+        f"# {platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"dir {root}, {nbytes / 1e6:.0f} MB, {repeats} repeats, "
+        f"{'cold' if cold else 'page-cache'} reads"
+    )
     for name, t in med.items():
         spread = max(times[name]) - min(times[name])
-        print(f"{name:20s} median {t * 1e3:8.1f} ms  (min {min(times[name]) * 1e3:7.1f}, "
-              f"spread {spread * 1e3:6.1f})  {nbytes / t / 1e9:5.2f} GB/s")
+        print(
+            f"{name:20s} median {t * 1e3:8.1f} ms  (min {min(times[name]) * 1e3:7.1f}, "
+            f"spread {spread * 1e3:6.1f})  {nbytes / t / 1e9:5.2f} GB/s"
+        )
     put_ratio = med["put store"] / med["put plain"]
     get_ratio = med["get store"] / med["get plain read()"]
     get_ratio_into = med["get store"] / med["get plain readinto"]
-    print(f"put store / plain write+fsync+rename: {put_ratio:.2f}x "
-          f"({'within' if put_ratio <= TARGET else 'OVER'} {TARGET}x)")
-    print(f"get store / plain read():             {get_ratio:.2f}x "
-          f"({'within' if get_ratio <= TARGET else 'OVER'} {TARGET}x)")
+    print(
+        f"put store / plain write+fsync+rename: {put_ratio:.2f}x "
+        f"({'within' if put_ratio <= TARGET else 'OVER'} {TARGET}x)"
+    )
+    print(
+        f"get store / plain read():             {get_ratio:.2f}x "
+        f"({'within' if get_ratio <= TARGET else 'OVER'} {TARGET}x)"
+    )
     print(f"get store / plain readinto:           {get_ratio_into:.2f}x (reference)")
 
 

@@ -35,15 +35,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from drivers import (
+from drivers import (  # noqa: E402
+    Ours,
     Replay,
-    replay_ours,
-    replay_unified,
-    replay_upstream,
+    Side,
+    Unified,
+    Upstream,
+    add_common_args,
+    picked,
+    replay,
     set_torch_threads,
     timer_overhead_ns,
     warm_allocator,
-)  # noqa: E402
+)
 from workload import OP_NAMES, Workload, WorkloadConfig, generate  # noqa: E402
 
 SIDES = (
@@ -104,18 +108,20 @@ def machine() -> dict[str, Any]:
     }
 
 
+def make_side(side: str, args: argparse.Namespace) -> Side:
+    if side == "upstream":
+        return Upstream(args.page_size, args.chunk_size)
+    if side in BACKEND:
+        return Unified(BACKEND[side], args.page_size, args.chunk_size, not args.untimed_indices)
+    return Ours(COMPAT[side], args.page_size, args.chunk_size)
+
+
 def run_side(side: str, w: Workload, args: argparse.Namespace, limit: int | None = None) -> Replay:
     gc.collect()
     if args.no_gc:
         gc.disable()
     try:
-        if side == "upstream":
-            return replay_upstream(w, args.page_size, args.chunk_size, limit)
-        if side in BACKEND:
-            return replay_unified(
-                w, BACKEND[side], args.page_size, args.chunk_size, limit, not args.untimed_indices
-            )
-        return replay_ours(w, COMPAT[side], args.page_size, args.chunk_size, limit)
+        return replay(w, make_side(side, args), limit)
     finally:
         gc.enable()
 
@@ -280,26 +286,13 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-upstream", action="store_true", help="with --profile, profile upstream too"
     )
     ap.add_argument(
-        "--torch-threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads for upstream's tensors (0: torch's default)",
-    )
-    ap.add_argument(
         "--untimed-indices",
         action="store_true",
         help="SGLang 0.5.23: read a hit's KV indices off the path after the timer, not inside",
     )
-    ap.add_argument(
-        "--sides",
-        default=",".join(SIDES),
-        help=f"comma-separated subset of {','.join(SIDES)} (default: all)",
-    )
+    add_common_args(ap, "--sides", SIDES)
     args = ap.parse_args(argv)
-    sides = tuple(x.strip() for x in args.sides.split(",") if x.strip())
-    unknown = [x for x in sides if x not in SIDES]
-    if unknown or not sides:
-        ap.error(f"--sides: unknown {unknown}; choose from {','.join(SIDES)}")
+    sides = picked(ap, "--sides", args.sides, SIDES)
     warm_allocator()
     set_torch_threads(args.torch_threads)
     if args.page_size != 1:

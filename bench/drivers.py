@@ -17,11 +17,12 @@ value arrays/tensors, param objects) and reading results happen outside, for bot
 
 from __future__ import annotations
 
+import argparse
 import sys
 from array import array
 from pathlib import Path
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, NamedTuple
 
 from workload import INSERT, LOCK, MATCH, UNLOCK, Workload
 
@@ -34,11 +35,32 @@ if str(REPO / "src") not in sys.path:
 SAMPLE_EVERY = 16  # matches whose full KV index list is compared (hashed) across sides
 
 
-# --------------------------------------------------------------------------- upstream
+class Match(NamedTuple):
+    """A match's result, read after the timer (the same fields for every side)."""
+
+    prefix_len: int
+    indices: Any  # the prefix's KV indices (a tensor upstream, an array('q') ours)
+    node: Any  # what `lock` takes
+    branching_len: int
+    kv_hit_len: int  # 0 for SGLang 0.5.15.post1, whose match reports none
 
 
-class UpstreamDirect:
-    """SGLang's MambaRadixCache with list-appending fake pools; `inner` is called directly."""
+# ------------------------------------------------------------------------------ sides
+# Each side times only the cache call: `prep_*` builds its inputs untimed; every timed method
+# returns the call's time in ns first, and what it returned read after the timer.
+
+
+def timed(call: Any, arg: Any) -> tuple[int, Any]:
+    """`call(arg)`, alone inside the timer: (its time in ns, its result)."""
+    t0 = perf_counter_ns()
+    res = call(arg)
+    t1 = perf_counter_ns()
+    return t1 - t0, res
+
+
+class Upstream:
+    """SGLang 0.5.15.post1's MambaRadixCache with list-appending fake pools; `c` is called
+    directly, as SGLang's scheduler calls it."""
 
     def __init__(self, page_size: int = 1, chunk_size: int = 64) -> None:
         import torch
@@ -87,14 +109,64 @@ class UpstreamDirect:
             enable_mamba_extra_buffer=page_size > 1,  # v1 asserts page_size == 1
         )
         us._SERVER_ARGS.mamba_cache_chunk_size = chunk_size  # read once, in the constructor
-        self.inner = us.load_upstream().MambaRadixCache(params)
+        self.c = us.load_upstream().MambaRadixCache(params)
 
     def drop_freed(self) -> None:
         self.kv.freed.clear()
         self.req_pool.mamba_allocator.freed.clear()
 
+    def prep_match(self, key: array[int]) -> Any:
+        return self.MatchPrefixParams(key=self.RadixKey(key, None))
+
+    def match(self, params: Any) -> tuple[int, Match]:
+        t, res = timed(self.c.match_prefix, params)
+        idx = res.device_indices
+        return t, Match(len(idx), idx, res.last_device_node, res.mamba_branching_seqlen, 0)
+
+    def index_bytes(self, indices: Any) -> bytes:
+        return indices.numpy().tobytes()  # type: ignore[no-any-return]
+
+    def prep_insert(
+        self, key: array[int], base: int, state: int, prev: int = 0, head: Any = None
+    ) -> Any:
+        """Values: `head` (the `prev` matched indices) then fresh ones from base + prev; without
+        `head`, fresh ones from `base` for the whole key."""
+        torch, i64, n = self.torch, self.torch.int64, len(key)
+        if head is None:
+            value = torch.arange(base, base + n, dtype=i64)
+        else:
+            value = torch.cat((head, torch.arange(base + prev, base + n, dtype=i64)))
+        return self.InsertParams(
+            key=self.RadixKey(key, None),
+            value=value,
+            mamba_value=torch.tensor([state], dtype=i64),
+            prev_prefix_len=prev,
+        )
+
+    def insert(self, params: Any) -> tuple[int, tuple[int, bool]]:
+        t, res = timed(self.c.insert, params)
+        self.drop_freed()
+        return t, (res.prefix_len, bool(res.mamba_exist))
+
+    def lock(self, node: Any) -> tuple[int, Any]:
+        return timed(self.c.inc_lock_ref, node)[0], node
+
+    def unlock(self, handle: Any) -> int:
+        return timed(self.c.dec_lock_ref, handle)[0]
+
+    def evict(self, kv: int, st: int) -> tuple[int, tuple[int, int]]:
+        t, res = timed(self.c.evict, self.EvictParams(num_tokens=kv, mamba_num=st))
+        self.drop_freed()
+        return t, (res.num_tokens_evicted, res.mamba_num_evicted)
+
+    def evict_lru_leaf(self) -> None:
+        """Untimed: evict the LRU leaf; refcounting frees its key and value at once."""
+        self.c.evict(self.EvictParams(num_tokens=1))
+        self.drop_freed()
+
     def sizes(self) -> tuple[int, int, int, int]:
-        c = self.inner
+        """(KV evictable, KV protected, states evictable, states protected)."""
+        c = self.c
         return (
             c.full_evictable_size_,
             c.full_protected_size_,
@@ -102,16 +174,27 @@ class UpstreamDirect:
             c.mamba_protected_size_,
         )
 
-    def node_count(self) -> int:
-        return len(self.inner.full_lru_list.cache)
+    def nodes(self) -> int | None:
+        return len(self.c.full_lru_list.cache)
+
+    def depth(self, node: Any) -> int:
+        return parent_depth(node)
 
 
-class UnifiedDirect:
+class Unified(Upstream):
     """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + MAMBA) over its Python or Rust tree core
-    (``backend``), loaded by ``tests/upstream_unified.py``; `inner` is called directly. Its
-    pools count what the tree frees and keep the tensors in a list (dropped between ops)."""
+    (``backend``), loaded by ``tests/upstream_unified.py``; `c` is called directly. Its pools
+    count what the tree frees and keep the tensors in a list (dropped between ops).
 
-    def __init__(self, backend: str, page_size: int = 1, chunk_size: int = 64) -> None:
+    As its scheduler calls it: ``match_prefix``, then, for a hit, the prefix's KV indices read
+    off the path (``path_device_indices``, as ``allocation._prefix_kv_indices`` does;
+    0.5.15.post1 and ours return them from the match): both inside the timed match
+    (``time_indices=False``: the read after the timer, to show its share).
+    ``lock`` / ``unlock`` (``TreeLock``), ``insert``, ``evict`` with counts (inherited)."""
+
+    def __init__(
+        self, backend: str, page_size: int = 1, chunk_size: int = 64, time_indices: bool = True
+    ) -> None:
         import torch
 
         import upstream_unified as uu
@@ -127,21 +210,43 @@ class UnifiedDirect:
         self.kv.free = self.kv.free_segment = _CheapFree(self.kv)
         slots = self.req_pool.mamba_allocator
         slots.free = _CheapFree(slots)
-        self.inner = wrapper.inner
+        self.c = wrapper.inner
         self.core = wrapper.core
+        self.empty = torch.empty(0, dtype=torch.int64)
+        self.time_indices = time_indices
 
-    def drop_freed(self) -> None:
-        self.kv.freed.clear()
-        self.req_pool.mamba_allocator.freed.clear()
+    def match(self, params: Any) -> tuple[int, Match]:
+        c, empty, time_indices = self.c, self.empty, self.time_indices
+        match_prefix, path_indices = c.match_prefix, c.path_device_indices
+        t0 = perf_counter_ns()
+        res = match_prefix(params)
+        if time_indices:
+            p = res.device_prefix_len
+            idx = path_indices(res.last_device_node)[:p] if p else empty
+        t1 = perf_counter_ns()
+        if not time_indices:
+            p = res.device_prefix_len
+            idx = path_indices(res.last_device_node)[:p] if p else empty
+        node, branching = res.last_device_node, res.mamba_branching_seqlen
+        return t1 - t0, Match(p, idx, node, branching, res.full_kv_hit_length)
+
+    def lock(self, node: Any) -> tuple[int, Any]:
+        return timed(self.c.lock, node)  # its receipt
+
+    def unlock(self, handle: Any) -> int:
+        return timed(self.c.unlock, handle)[0]
 
     def sizes(self) -> tuple[int, int, int, int]:
-        c = self.inner
+        c = self.c
         return (
             int(c.full_evictable_size()),
             int(c.full_protected_size()),
             int(c.mamba_evictable_size()),
             int(c.mamba_protected_size()),
         )
+
+    def nodes(self) -> int | None:
+        return None  # the Rust core exposes no node count
 
     def depth(self, node: Any) -> int:
         """Nodes below the root on the path to ``node`` (untimed; the tree core's own walk)."""
@@ -161,6 +266,107 @@ class _CheapFree:
         self.pool.free_now += len(indices)
 
 
+class Ours:
+    """``mambaradix.MambaRadixCache`` in mode `compat`, or `cache_cls` (a tree class taking the
+    same arguments), with ``array('q')`` keys and values."""
+
+    def __init__(
+        self, compat: str | None, page_size: int = 1, chunk_size: int = 64, cache_cls: Any = None
+    ) -> None:
+        if cache_cls is None:
+            from mambaradix import MambaRadixCache as cache_cls
+
+        self.c = cache_cls(page_size=page_size, chunk_size=chunk_size, compat=compat)
+
+    def prep_match(self, key: array[int]) -> Any:
+        return key
+
+    def match(self, key: Any) -> tuple[int, Match]:
+        t, res = timed(self.c.match_prefix, key)
+        return t, Match(res.prefix_len, res.kv_indices, res.node, res.branching_len, res.kv_hit_len)
+
+    def match_read_only(self, key: Any) -> int:
+        match_prefix = self.c.match_prefix
+        t0 = perf_counter_ns()
+        match_prefix(key, read_only=True)
+        t1 = perf_counter_ns()
+        return t1 - t0
+
+    def index_bytes(self, indices: Any) -> bytes:
+        return indices.tobytes()  # type: ignore[no-any-return]
+
+    def prep_insert(
+        self, key: array[int], base: int, state: int, prev: int = 0, head: Any = None
+    ) -> Any:
+        """As `Upstream.prep_insert`."""
+        if head is None:
+            return key, array("q", range(base, base + len(key))), state, prev
+        return key, head + array("q", range(base + prev, base + len(key))), state, prev
+
+    def insert(self, params: Any) -> tuple[int, tuple[int, bool]]:
+        insert = self.c.insert
+        key, values, state, prev = params
+        t0 = perf_counter_ns()
+        res = insert(key, values, state, prev)
+        t1 = perf_counter_ns()
+        return t1 - t0, (res.prefix_len, res.state_existed)
+
+    def lock(self, node: Any) -> tuple[int, Any]:
+        return timed(self.c.inc_lock_ref, node)  # its receipt
+
+    def unlock(self, handle: Any) -> int:
+        return timed(self.c.dec_lock_ref, handle)[0]
+
+    def evict(self, kv: int, st: int) -> tuple[int, tuple[int, int]]:
+        evict = self.c.evict
+        t0 = perf_counter_ns()
+        res = evict(kv, st)
+        t1 = perf_counter_ns()
+        return t1 - t0, (res.kv_tokens, res.states)
+
+    def evict_lru_leaf(self) -> None:
+        """Untimed: evict the LRU leaf and free its arrays now.
+
+        Our TreeNode and its two Links reference each other, so an evicted node (with its
+        key and value arrays) lives until the cyclic GC finds it; old nodes sit in the
+        oldest generation, collected rarely. Without this, every timed insert of a long key
+        page-faults fresh memory (~4x the insert's cost at 64k tokens) while upstream's
+        evicted arrays are reused at once. Breaking the cycle here emulates the fix
+        suggested for src (clear `link.node` in `_detach`)."""
+        link = self.c.lru[0].lru_unlocked_leaf()
+        self.c.evict(1, 0)
+        if link is not None and link.node is not None:
+            node = link.node
+            node.kv.node = node.st.node = None
+
+    def sizes(self) -> tuple[int, int, int, int]:
+        c = self.c
+        return (
+            c.full_evictable_size(),
+            c.full_protected_size(),
+            c.state_evictable_size(),
+            c.state_protected_size(),
+        )
+
+    def nodes(self) -> int | None:
+        return self.c.node_count()  # type: ignore[no-any-return]
+
+    def depth(self, node: Any) -> int:
+        return parent_depth(node)
+
+
+Side = Upstream | Ours
+
+
+def parent_depth(node: Any) -> int:
+    """Nodes below the root on the path to `node` (untimed), by its `parent` links."""
+    n = 0
+    while node.parent is not None:
+        n += 1
+        node = node.parent
+    return n
+
+
 class Replay:
     """Per-op timings (ns, -1 where the op did nothing) and decision signatures."""
 
@@ -175,17 +381,9 @@ class Replay:
         self.locks = 0
 
 
-def replay_upstream(
-    w: Workload, page_size: int = 1, chunk_size: int = 64, limit: int | None = None
-) -> Replay:
-    d = UpstreamDirect(page_size, chunk_size)
-    torch = d.torch
-    inner = d.inner
-    RadixKey, MPP, IP, EP = d.RadixKey, d.MatchPrefixParams, d.InsertParams, d.EvictParams
-    match_prefix, insert, evict = inner.match_prefix, inner.insert, inner.evict
-    inc_lock_ref, dec_lock_ref = inner.inc_lock_ref, inner.dec_lock_ref
+def replay(w: Workload, side: Side, limit: int | None = None) -> Replay:
+    """Replay `w`'s ops (the first `limit`) through a fresh `side`."""
     kv_budget, st_budget = w.config.kv_budget, w.config.state_budget
-    arange, cat, i64 = torch.arange, torch.cat, torch.int64
     seqs = w.seqs
     ops = w.ops if limit is None else w.ops[:limit]
     out = Replay(len(ops))
@@ -196,249 +394,63 @@ def replay_upstream(
     for i, op in enumerate(ops):
         code = op[0]
         if code == MATCH:
-            params = MPP(key=RadixKey(seqs[op[1]][: op[2]], None))
-            t0 = perf_counter_ns()
-            res = match_prefix(params)
-            t1 = perf_counter_ns()
-            idx = res.device_indices
-            p = len(idx)
+            t, m = side.match(side.prep_match(seqs[op[1]][: op[2]]))
             n_match += 1
-            h = hash(idx.numpy().tobytes()) if n_match % SAMPLE_EVERY == 0 else None
-            sig[i] = (p, res.mamba_branching_seqlen, h)
-            out.matched_tokens += p
+            h = hash(side.index_bytes(m.indices)) if n_match % SAMPLE_EVERY == 0 else None
+            sig[i] = (m.prefix_len, m.branching_len, h)
+            out.matched_tokens += m.prefix_len
+            out.kv_hit_tokens += m.kv_hit_len
             if op[3] >= 0:
-                slots[op[3]] = (p, idx, res.last_device_node)
+                slots[op[3]] = m
         elif code == LOCK:
-            node = slots[op[1]][2]
-            t0 = perf_counter_ns()
-            inc_lock_ref(node)
-            t1 = perf_counter_ns()
-            handles[op[2]] = node
+            node = slots[op[1]].node
+            t, handles[op[2]] = side.lock(node)
             out.locks += 1
-            while node.parent is not None:
-                out.lock_depth += 1
-                node = node.parent
+            out.lock_depth += side.depth(node)
         elif code == UNLOCK:
-            node = handles[op[1]]
-            t0 = perf_counter_ns()
-            dec_lock_ref(node)
-            t1 = perf_counter_ns()
+            t = side.unlock(handles[op[1]])
             handles[op[1]] = None
         elif code == INSERT:
             _, seq, n, slot, base, state = op
-            p, idx, _ = slots[slot]
-            slots[slot] = None
-            fresh = arange(base + p, base + n, dtype=i64)
-            params = IP(
-                key=RadixKey(seqs[seq][:n], None),
-                value=cat((idx, fresh)) if p else fresh,
-                mamba_value=torch.tensor([state], dtype=i64),
-                prev_prefix_len=p,
-            )
-            t0 = perf_counter_ns()
-            res = insert(params)
-            t1 = perf_counter_ns()
-            sig[i] = (res.prefix_len, bool(res.mamba_exist))
-            d.drop_freed()
+            m, slots[slot] = slots[slot], None
+            p = m.prefix_len
+            params = side.prep_insert(seqs[seq][:n], base, state, p, m.indices if p else None)
+            t, sig[i] = side.insert(params)
         else:  # EVICT_CHECK
-            kv_excess = inner.full_evictable_size_ + inner.full_protected_size_ - kv_budget
-            st_excess = inner.mamba_evictable_size_ + inner.mamba_protected_size_ - st_budget
-            if kv_excess <= 0 and st_excess <= 0:
-                continue
-            params = EP(num_tokens=max(kv_excess, 0), mamba_num=max(st_excess, 0))
-            t0 = perf_counter_ns()
-            res = evict(params)
-            t1 = perf_counter_ns()
-            sig[i] = (res.num_tokens_evicted, res.mamba_num_evicted)
-            d.drop_freed()
-        times[i] = t1 - t0
-    out.sizes = d.sizes()
-    out.nodes = d.node_count()
-    return out
-
-
-def replay_unified(
-    w: Workload,
-    backend: str,
-    page_size: int = 1,
-    chunk_size: int = 64,
-    limit: int | None = None,
-    time_indices: bool = True,
-) -> Replay:
-    """SGLang 0.5.23 as its scheduler calls it: ``match_prefix``, then, for a hit, the prefix's
-    KV indices read off the path (``path_device_indices``, as ``allocation._prefix_kv_indices``
-    does; 0.5.15.post1 and ours return them from the match): both inside the timed match
-    (``time_indices=False``: the read after the timer, to show its share).
-    ``lock`` / ``unlock`` (``TreeLock``), ``insert``, ``evict`` with counts."""
-    d = UnifiedDirect(backend, page_size, chunk_size)
-    torch = d.torch
-    inner = d.inner
-    RadixKey, MPP, IP, EP = d.RadixKey, d.MatchPrefixParams, d.InsertParams, d.EvictParams
-    match_prefix, path_indices = inner.match_prefix, inner.path_device_indices
-    insert, evict, lock, unlock = inner.insert, inner.evict, inner.lock, inner.unlock
-    kv_budget, st_budget = w.config.kv_budget, w.config.state_budget
-    arange, cat, i64 = torch.arange, torch.cat, torch.int64
-    empty = torch.empty(0, dtype=i64)
-    seqs = w.seqs
-    ops = w.ops if limit is None else w.ops[:limit]
-    out = Replay(len(ops))
-    times, sig = out.times, out.sig
-    slots: list[Any] = [None] * w.n_slots
-    handles: list[Any] = [None] * w.n_handles
-    n_match = 0
-    for i, op in enumerate(ops):
-        code = op[0]
-        if code == MATCH:
-            params = MPP(key=RadixKey(seqs[op[1]][: op[2]], None))
-            t0 = perf_counter_ns()
-            res = match_prefix(params)
-            if time_indices:
-                p = res.device_prefix_len
-                idx = path_indices(res.last_device_node)[:p] if p else empty
-            t1 = perf_counter_ns()
-            if not time_indices:
-                p = res.device_prefix_len
-                idx = path_indices(res.last_device_node)[:p] if p else empty
-            n_match += 1
-            h = hash(idx.numpy().tobytes()) if n_match % SAMPLE_EVERY == 0 else None
-            sig[i] = (p, res.mamba_branching_seqlen, h)
-            out.matched_tokens += p
-            out.kv_hit_tokens += res.full_kv_hit_length
-            if op[3] >= 0:
-                slots[op[3]] = (p, idx, res.last_device_node)
-        elif code == LOCK:
-            node = slots[op[1]][2]
-            t0 = perf_counter_ns()
-            receipt = lock(node)
-            t1 = perf_counter_ns()
-            handles[op[2]] = receipt
-            out.locks += 1
-            out.lock_depth += d.depth(node)
-        elif code == UNLOCK:
-            receipt = handles[op[1]]
-            t0 = perf_counter_ns()
-            unlock(receipt)
-            t1 = perf_counter_ns()
-            handles[op[1]] = None
-        elif code == INSERT:
-            _, seq, n, slot, base, state = op
-            p, idx, _ = slots[slot]
-            slots[slot] = None
-            fresh = arange(base + p, base + n, dtype=i64)
-            params = IP(
-                key=RadixKey(seqs[seq][:n], None),
-                value=cat((idx, fresh)) if p else fresh,
-                mamba_value=torch.tensor([state], dtype=i64),
-                prev_prefix_len=p,
-            )
-            t0 = perf_counter_ns()
-            res = insert(params)
-            t1 = perf_counter_ns()
-            sig[i] = (res.prefix_len, bool(res.mamba_exist))
-            d.drop_freed()
-        else:  # EVICT_CHECK
-            ev_kv, pr_kv, ev_st, pr_st = d.sizes()
+            ev_kv, pr_kv, ev_st, pr_st = side.sizes()
             kv_excess = ev_kv + pr_kv - kv_budget
             st_excess = ev_st + pr_st - st_budget
             if kv_excess <= 0 and st_excess <= 0:
                 continue
-            params = EP(num_tokens=max(kv_excess, 0), mamba_num=max(st_excess, 0))
-            t0 = perf_counter_ns()
-            res = evict(params)
-            t1 = perf_counter_ns()
-            sig[i] = (res.num_tokens_evicted, res.mamba_num_evicted)
-            d.drop_freed()
-        times[i] = t1 - t0
-    out.sizes = d.sizes()
-    out.nodes = -1  # not counted: the Rust core exposes no node count
+            t, sig[i] = side.evict(max(kv_excess, 0), max(st_excess, 0))
+        times[i] = t
+    out.sizes = side.sizes()
+    nodes = side.nodes()
+    out.nodes = -1 if nodes is None else nodes  # -1: not counted (the Rust core has no count)
     return out
 
 
-def replay_ours(
-    w: Workload,
-    compat: str | None,
-    page_size: int = 1,
-    chunk_size: int = 64,
-    limit: int | None = None,
-    cache_cls: Any = None,
-) -> Replay:
-    """`cache_cls`: the tree class to replay (default: mambaradix.MambaRadixCache)."""
-    if cache_cls is None:
-        from mambaradix import MambaRadixCache as cache_cls
-
-    cache = cache_cls(page_size=page_size, chunk_size=chunk_size, compat=compat)
-    match_prefix, insert, evict = cache.match_prefix, cache.insert, cache.evict
-    inc_lock_ref, dec_lock_ref = cache.inc_lock_ref, cache.dec_lock_ref
-    kv_budget, st_budget = w.config.kv_budget, w.config.state_budget
-    ev, pr = cache._evictable, cache._protected  # the size counters, read between ops
-    seqs = w.seqs
-    ops = w.ops if limit is None else w.ops[:limit]
-    out = Replay(len(ops))
-    times, sig = out.times, out.sig
-    slots: list[Any] = [None] * w.n_slots
-    handles: list[Any] = [None] * w.n_handles
-    n_match = 0
-    for i, op in enumerate(ops):
-        code = op[0]
-        if code == MATCH:
-            key = seqs[op[1]][: op[2]]
-            t0 = perf_counter_ns()
-            res = match_prefix(key)
-            t1 = perf_counter_ns()
-            idx = res.kv_indices
-            p = res.prefix_len
-            n_match += 1
-            h = hash(idx.tobytes()) if n_match % SAMPLE_EVERY == 0 else None
-            sig[i] = (p, res.branching_len, h)
-            out.matched_tokens += p
-            out.kv_hit_tokens += res.kv_hit_len
-            if op[3] >= 0:
-                slots[op[3]] = (p, idx, res.node)
-        elif code == LOCK:
-            node = slots[op[1]][2]
-            t0 = perf_counter_ns()
-            receipt = inc_lock_ref(node)
-            t1 = perf_counter_ns()
-            handles[op[2]] = receipt
-            out.locks += 1
-            while node.parent is not None:
-                out.lock_depth += 1
-                node = node.parent
-        elif code == UNLOCK:
-            receipt = handles[op[1]]
-            t0 = perf_counter_ns()
-            dec_lock_ref(receipt)
-            t1 = perf_counter_ns()
-            handles[op[1]] = None
-        elif code == INSERT:
-            _, seq, n, slot, base, state = op
-            p, idx, _ = slots[slot]
-            slots[slot] = None
-            fresh = array("q", range(base + p, base + n))
-            key = seqs[seq][:n]
-            values = idx + fresh if p else fresh
-            t0 = perf_counter_ns()
-            res = insert(key, values, state, p)
-            t1 = perf_counter_ns()
-            sig[i] = (res.prefix_len, res.state_existed)
-        else:  # EVICT_CHECK
-            kv_excess = ev[0] + pr[0] - kv_budget
-            st_excess = ev[1] + pr[1] - st_budget
-            if kv_excess <= 0 and st_excess <= 0:
-                continue
-            kv_n, st_n = max(kv_excess, 0), max(st_excess, 0)
-            t0 = perf_counter_ns()
-            res = evict(kv_n, st_n)
-            t1 = perf_counter_ns()
-            sig[i] = (res.kv_tokens, res.states)
-        times[i] = t1 - t0
-    out.sizes = (
-        cache.full_evictable_size(),
-        cache.full_protected_size(),
-        cache.state_evictable_size(),
-        cache.state_protected_size(),
+def add_common_args(ap: argparse.ArgumentParser, flag: str, names: tuple[str, ...]) -> None:
+    """`--torch-threads` and `flag`, a comma-separated subset of `names` (`picked` reads it)."""
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for upstream's tensors (0: torch's default)",
     )
-    out.nodes = cache.node_count()
+    ap.add_argument(
+        flag,
+        default=",".join(names),
+        help=f"comma-separated subset of {','.join(names)} (default: all)",
+    )
+
+
+def picked(ap: argparse.ArgumentParser, flag: str, text: str, names: Any) -> tuple[str, ...]:
+    """The names `text` lists (a bad one: `ap.error`, naming `flag`)."""
+    out = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [x for x in out if x not in names]
+    if unknown or not out:
+        ap.error(f"{flag}: unknown {unknown}; choose from {','.join(names)}")
     return out
 
 

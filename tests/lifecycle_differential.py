@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lifecycle_oracle import DriverMismatch
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager
 from mambaradix.policies import SGLang
@@ -45,7 +46,7 @@ from mambaradix.scheduler import (
 )
 from mambaradix.scheduler.loop import STALLED, Scheduler
 from mambaradix.scheduler.sequence import ABORTED, FINISHED
-from upstream_lifecycle import DriverMismatch, UpstreamLifecycle
+from upstream_lifecycle import UpstreamLifecycle
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,26 @@ class Outcome:
     prompt_tokens: int = 0
     crashes: Counter[str] = field(default_factory=Counter)
     worked_around: Counter[str] = field(default_factory=Counter)
+
+
+CACHED, PREFILL_ABORTS, RETRACTIONS = "cached", "prefill aborts", "retractions"
+
+
+def check_outcome(out: Outcome, shape: StreamShape, expects: tuple[str, ...]) -> None:
+    """A run of ``shape`` served every request, SGLang would not have stopped (no crashes),
+    and it held what it is there to test (``expects``) plus aborts while decoding and waiting."""
+    assert out.requests == shape.requests
+    assert out.finished + sum(out.aborted.values()) == shape.requests
+    assert not out.crashes, f"SGLang itself would have stopped: {dict(out.crashes)}"
+    seen = {
+        CACHED: out.cached_tokens,
+        PREFILL_ABORTS: out.aborted["prefill"],
+        RETRACTIONS: out.retractions,
+        "decode aborts": out.aborted["decode"],
+        "waiting aborts": out.aborted["waiting"],
+    }
+    for what in (*expects, "decode aborts", "waiting aborts"):
+        assert seen[what] > 0, f"the stream has no {what}: {seen}"
 
 
 def run_lockstep(

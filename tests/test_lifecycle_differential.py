@@ -16,7 +16,15 @@ from array import array
 
 import pytest
 
-from lifecycle_differential import Config, Outcome, StreamShape, run_lockstep
+from lifecycle_differential import (
+    CACHED,
+    PREFILL_ABORTS,
+    RETRACTIONS,
+    Config,
+    StreamShape,
+    check_outcome,
+    run_lockstep,
+)
 from mambaradix import MambaRadixCache
 from upstream_sglang import UpstreamCache
 
@@ -30,7 +38,6 @@ FEW_SESSIONS = dataclasses.replace(BASE, sessions=5, wait_for_sessions=True)
 # (config, stream, what the run must contain). no_buffer at page 1; extra_buffer at pages 1,
 # 16, 64. Prefill chunks (61, 37, 53; at pages 16 and 64 multiples of the page, as SGLang
 # requires: 112, 208, 192) divide no prompt in general. 6 x 1500 + 3 x 800 = 11,400 requests.
-CACHED, PREFILL_ABORTS, RETRACTIONS = "cached", "prefill aborts", "retractions"
 CONFIGS: list[tuple[Config, StreamShape, tuple[str, ...]]] = [
     (Config("no_buffer p1 state pressure", state_slots=18), BASE, (CACHED, PREFILL_ABORTS)),
     (
@@ -122,25 +129,10 @@ CONFIGS: list[tuple[Config, StreamShape, tuple[str, ...]]] = [
 IDS = [c.name for c, _, _ in CONFIGS]
 
 
-def _check(out: Outcome, shape: StreamShape, expects: tuple[str, ...]) -> None:
-    assert out.requests == shape.requests
-    assert out.finished + sum(out.aborted.values()) == shape.requests
-    assert not out.crashes, f"SGLang itself would have stopped: {dict(out.crashes)}"
-    seen = {
-        CACHED: out.cached_tokens,
-        PREFILL_ABORTS: out.aborted["prefill"],
-        RETRACTIONS: out.retractions,
-        "decode aborts": out.aborted["decode"],
-        "waiting aborts": out.aborted["waiting"],
-    }
-    for what in (*expects, "decode aborts", "waiting aborts"):
-        assert seen[what] > 0, f"the stream has no {what}: {seen}"
-
-
 @pytest.mark.slow  # a lockstep run beside SGLang's code: 5-20 s each
 @pytest.mark.parametrize(("cfg", "shape", "expects"), CONFIGS, ids=IDS)
 def test_lifecycle_equals_sglang(cfg: Config, shape: StreamShape, expects: tuple[str, ...]) -> None:
-    _check(run_lockstep(cfg, shape, seed=9), shape, expects)
+    check_outcome(run_lockstep(cfg, shape, seed=9), shape, expects)
 
 
 @pytest.mark.slow
@@ -150,7 +142,7 @@ def test_lifecycle_equals_sglang_sweep(
     cfg: Config, shape: StreamShape, expects: tuple[str, ...], seed: int
 ) -> None:
     longer = dataclasses.replace(shape, requests=2 * shape.requests)
-    _check(run_lockstep(cfg, longer, seed=seed), longer, expects)
+    check_outcome(run_lockstep(cfg, longer, seed=seed), longer, expects)
 
 
 def test_upstream_match_with_a_limit_under_a_page_breaks_its_tree() -> None:

@@ -19,8 +19,16 @@ import dataclasses
 
 import pytest
 
-from lifecycle_differential import SGLANG_0_5_23, Config, Outcome, StreamShape, run_lockstep
-from test_lifecycle_differential import CACHED, CONFIGS, LONG_WAIT, PREFILL_ABORTS, RETRACTIONS
+from lifecycle_differential import (
+    CACHED,
+    RETRACTIONS,
+    SGLANG_0_5_23,
+    Config,
+    StreamShape,
+    check_outcome,
+    run_lockstep,
+)
+from test_lifecycle_differential import CONFIGS, LONG_WAIT
 
 ODD_TRACK = (
     Config(
@@ -43,21 +51,6 @@ QUICK = {"no_buffer p1 state pressure": 90, "extra_buffer p16": 90}  # config: r
 SLOW_SEEDS = range(200, 201)
 
 
-def _check(out: Outcome, shape: StreamShape, expects: tuple[str, ...]) -> None:
-    assert out.requests == shape.requests
-    assert out.finished + sum(out.aborted.values()) == shape.requests
-    assert not out.crashes, f"SGLang itself would have stopped: {dict(out.crashes)}"
-    seen = {
-        CACHED: out.cached_tokens,
-        PREFILL_ABORTS: out.aborted["prefill"],
-        RETRACTIONS: out.retractions,
-        "decode aborts": out.aborted["decode"],
-        "waiting aborts": out.aborted["waiting"],
-    }
-    for what in (*expects, "decode aborts", "waiting aborts"):
-        assert seen[what] > 0, f"the stream has no {what}: {seen}"
-
-
 @pytest.mark.parametrize(("cfg", "shape", "expects"), [c for c in ALL if c[0].name in QUICK])
 def test_lifecycle_equals_sglang_0523(
     cfg: Config, shape: StreamShape, expects: tuple[str, ...]
@@ -74,7 +67,7 @@ def test_lifecycle_equals_sglang_0523(
 def test_lifecycle_equals_sglang_0523_sweep(
     cfg: Config, shape: StreamShape, expects: tuple[str, ...], seed: int
 ) -> None:
-    _check(run_lockstep(cfg, shape, seed=seed, release=SGLANG_0_5_23), shape, expects)
+    check_outcome(run_lockstep(cfg, shape, seed=seed, release=SGLANG_0_5_23), shape, expects)
 
 
 def test_slow_tier_covers_1e4_requests() -> None:

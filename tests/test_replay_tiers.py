@@ -98,6 +98,37 @@ def test_cost_rule_recomputes_a_short_prefix() -> None:
     assert by_request(fast)[2].host_hit_tokens == 8
 
 
+def test_write_policies_by_hand() -> None:
+    """Write-through: A's units go to the host when R0 caches them, R1's eviction only
+    drops the device copies, R2 loads A as under write-back. Selective: A is never hit a
+    second time, so R1 evicts it unbacked and R2 finds nothing below; every unit the
+    device let go of is counted gone: A's and B's 8 KV tokens and 2 states each (input - 1
+    at 7 and the finish at 8)."""
+    through = hand_run(host_gb=1.0, tier_write="through")
+    assert [by_request(through)[i].hit_tokens for i in range(3)] == [0, 0, 8]
+    assert through.tiered.tiers.stats.unbacked_bytes == 0
+    selective = hand_run(host_gb=1.0, tier_write="through-selective")
+    assert [by_request(selective)[i].hit_tokens for i in range(3)] == [0, 0, 0]
+    stats = selective.tiered.tiers.stats
+    assert stats.unbacked_bytes == 4 * STATE + 16 * KV and stats.demoted_bytes["host"] == 0
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("write", ["through", "through-selective"])
+@pytest.mark.parametrize("policy", ["sglang-hicache", "mambaradix"])
+def test_invariants_after_every_step_in_write_through_modes(
+    seed: int, write: str, policy: str
+) -> None:
+    trace = random_trace(random.Random(seed), 40)
+    cfg = ServingConfig(memory_gb=0.8, host_gb=1.0, store_gb=2.0, host_gbps=1e4,
+                        host_latency_us=0, tier_write=write)  # fmt: skip
+    m = ServingModel(trace, PROFILE, make_policy(policy), cfg)
+    run_checked(m)
+    assert len(m.outcomes) + len(m.dropped) == len(trace)
+    stats = m.tiered.tiers.stats  # copied down or counted gone: the tiers were exercised
+    assert stats.demoted_bytes["host"] + stats.unbacked_bytes > 0
+
+
 def test_ttft_includes_the_load() -> None:
     base, tiered = by_request(hand_run()), by_request(hand_run(host_gb=1.0))
     assert tiered[2].ttft_s < base[2].ttft_s + tiered[2].load_s  # the hit saves prefill
@@ -120,9 +151,15 @@ def test_no_tier_is_todays_run(policy: str) -> None:
 
 @pytest.mark.parametrize(
     "field, value",
-    [("host_gb", -1), ("store_gb", -0.5), ("host_gbps", 0), ("store_latency_us", -1)],
+    [
+        ("host_gb", -1),
+        ("store_gb", -0.5),
+        ("host_gbps", 0),
+        ("store_latency_us", -1),
+        ("tier_write", "always"),
+    ],  # fmt: skip
 )
-def test_bad_tier_input_names_the_parameter(field: str, value: float) -> None:
+def test_bad_tier_input_names_the_parameter(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         ServingConfig(memory_gb=1, **{field: value})
 
@@ -208,6 +245,7 @@ def test_vllm_rows_give_every_loaded_block_back(policy: str) -> None:
         (["--store-gb", "lots"], "argument --store-gb: expected a number"),
         (["--host-gbps", "0"], "argument --host-gbps: must be > 0"),
         (["--host-tier", "2"], "unrecognized arguments: --host-tier 2"),
+        (["--tier-write", "always"], "argument --tier-write: invalid choice: 'always'"),
     ],
 )
 def test_cli_bad_tier_option_is_one_line(

@@ -15,6 +15,7 @@ from mambaradix.tiers.cost import (
     TIERS,
     HitCost,
     Link,
+    LoadRule,
     Prefill,
     Tier,
     break_even,
@@ -111,3 +112,30 @@ def test_bad_figures_are_refused() -> None:
         Tier("x", ())
     with pytest.raises(ValueError, match="n must be"):
         load_s(HitCost("x", 0, 0, 0, 0), ONE_LINK, -1)
+
+
+def test_the_per_hit_choice_by_hand() -> None:
+    """`lifecycle.tiers.cheapest` under a `LoadRule` (the engine's; the replay calls the
+    same choice): recomputing n tokens takes n / 32 s, a load 1 s per link crossed (the
+    bytes add ~1e-25 s), so a hit pays off beyond 32 tokens past the device's prefix."""
+    from mambaradix.lifecycle.tiers import Candidate, cheapest
+
+    fast = Link("l", 1e30, 1.0, "test")
+    rule = LoadRule(HitCost("m", 0, 0, 1, 0), Prefill("p", 32.0, 1.0, "test"), fast, fast)
+
+    def pick(depths: list[int], start: int, store_bytes: int = 0) -> int | None:
+        cands = [Candidate(d, 8, store_bytes) for d in depths]
+        got = cheapest(cands, start, lambda c: rule.load_s(c.host_bytes, c.store_bytes),
+                       rule.recompute_s)  # fmt: skip
+        return None if got is None else got.depth
+
+    assert pick([16], 0) is None  # 0.5 s to recompute against 1 s to load
+    assert pick([16, 32, 48], 0) == 48  # saves 1.5 - 1 s; 32 saves less than nothing
+    assert pick([48], 16) is None  # 32 new tokens: 1 s either way, plus the bytes
+    assert pick([48], 0, store_bytes=8) is None  # from the store: 2 s
+    assert pick([80], 0, store_bytes=8) == 80  # 2.5 s to recompute
+    # attention: 2 FLOPs per pair; 2 new tokens after 3 attend to 4 and 5 keys: 18 FLOPs
+    attn = LoadRule(HitCost("m", 0, 0, 0, 2), Prefill("p", 1.0, 1.0, "test"), fast, fast)
+    assert attn.recompute_s(3, 2) == 18.0 and attn.model.prefill_flops(2) == 6
+    with pytest.raises(TypeError, match="prefill"):
+        LoadRule(HitCost("m", 0, 0, 1, 0), 32.0, fast, fast)  # type: ignore[arg-type]

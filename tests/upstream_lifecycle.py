@@ -97,7 +97,6 @@ import sys
 import types
 import zipfile
 from array import array
-from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -106,6 +105,7 @@ import numpy as np
 import torch
 
 import upstream_sglang as us
+from lifecycle_oracle import LifecycleOracle, init_pool, no
 from mambaradix.lifecycle import Request
 
 _SRT = "sglang/srt"
@@ -163,18 +163,7 @@ _PICKS: dict[str, dict[str, tuple[str, ...] | None]] = {  # compiled out of file
         ),
     },
 }
-_NO_SLOT = "Can not alloc mamba cache"
-_PROMPT_DONE, _CHECKPOINTED, _DECODING = "prompt done", "checkpointed at the prompt end", "decoding"
-
 _loaded: SimpleNamespace | None = None
-
-
-class DriverMismatch(AssertionError):
-    """The driver made a call that SGLang's scheduler would not have made (``req``: for whom)."""
-
-    def __init__(self, message: str, req: Request | None = None) -> None:
-        super().__init__(message)
-        self.req = req
 
 
 # --------------------------------------------------------------------------- server args
@@ -273,10 +262,6 @@ def _stub(name: str, package: bool = False, **attrs: Any) -> types.ModuleType:
     return mod
 
 
-def _no(*args: Any, **kwargs: Any) -> bool:
-    return False
-
-
 def _unused(*args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError("stubbed out in tests/upstream_lifecycle.py")
 
@@ -292,12 +277,12 @@ def _install_stubs(helpers: dict[str, Any]) -> None:
         maybe_write_dsv4_decode=_unused,
         maybe_write_dsv4_extend=_unused,
     )
-    _stub("sglang.srt.utils", package=True, is_cuda=_no, is_hip=_no, is_npu=_no)
-    _stub("sglang.srt.utils", support_triton=_no, get_bool_env_var=_no)
+    _stub("sglang.srt.utils", package=True, is_cuda=no, is_hip=no, is_npu=no)
+    _stub("sglang.srt.utils", support_triton=no, get_bool_env_var=no)
     _stub("sglang.srt.utils", get_num_new_pages=helpers["get_num_new_pages"])
     _stub("sglang.srt.utils", next_power_of_2=helpers["next_power_of_2"])
     _stub("sglang.srt.utils.common", ceil_align=helpers["ceil_align"], Range=helpers["Range"])
-    _stub("sglang.srt.utils.common", is_pin_memory_available=_no)
+    _stub("sglang.srt.utils.common", is_pin_memory_available=no)
     attn = SimpleNamespace(attn=SimpleNamespace(backend="torch_native"))
     _stub("sglang.srt.runtime_context", get_flags=lambda: attn)
     _stub("sglang.srt.server_args", ServerArgs=_ServerArgs, get_global_server_args=_server_args)
@@ -386,22 +371,7 @@ def _pool_class(up: SimpleNamespace) -> type:
         """Upstream's HybridReqToTokenPool methods; __init__ builds only the fields they read."""
 
         def __init__(self, rows: int, context: int, slots: int, extra: bool, track: int) -> None:
-            self.size, self._alloc_size, self.max_context_len = rows, rows + 1, context
-            self.device = "cpu"
-            self.req_to_token = torch.zeros((rows + 1, context), dtype=torch.int32)
-            self.free_slots = list(range(1, rows + 1))
-            self.mamba_ping_pong_track_buffer_size = track
-            self.enable_mamba_extra_buffer = extra
-            self.enable_mamba_extra_buffer_lazy = False
-            self.mamba_pool = SimpleNamespace(
-                replayssm_write_pos=None, copy_from=_no, clear_slots=_no, size=slots
-            )
-            self.mamba_allocator = up.mamba.MambaSlotAllocator(size=slots, device="cpu")
-            self.mamba_ckpt_pool = None
-            self.req_index_to_mamba_index_mapping = torch.zeros(rows + 1, dtype=torch.int32)
-            self.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.zeros(
-                (rows + 1, track), dtype=torch.int64
-            )
+            init_pool(self, up, rows, context, slots, extra, track)
 
     return Pool
 
@@ -436,121 +406,45 @@ def _new_req(up: SimpleNamespace, req: Request, rid: int) -> Any:
     return u
 
 
-def _batch(oracle: UpstreamLifecycle, ureqs: list[Any]) -> Any:
-    """A ``ScheduleBatch`` with what ``alloc_for_extend/decode`` and the picked methods read."""
-    b = oracle.up.ns["ScheduleBatch"].__new__(oracle.up.ns["ScheduleBatch"])
-    b.reqs, b.device = ureqs, "cpu"
-    b.req_to_token_pool, b.tree_cache = oracle.pool, oracle.inner
-    b.token_to_kv_pool_allocator = oracle.kv_alloc
-    b.spec_algorithm = SimpleNamespace(is_none=lambda: True)
-    b.model_config = SimpleNamespace(is_encoder_decoder=False)
-    b.maybe_evict_swa = lambda: None  # MambaRadixCache.supports_swa() is False: upstream's no-op
-    return b
-
-
-class _View:
-    """Read-only facades with the attributes the scheduler reads."""
-
-    def __init__(self, **attrs: Any) -> None:
-        self.__dict__.update(attrs)
-
-
 # --------------------------------------------------------------------------- the oracle
 
 
-class UpstreamLifecycle:
-    """SGLang's request lifecycle behind ``CacheManager``'s surface (see the module docstring).
+class UpstreamLifecycle(LifecycleOracle):
+    """SGLang 0.5.15.post1's request lifecycle behind ``CacheManager``'s surface (see the module
+    docstring and ``lifecycle_oracle.LifecycleOracle``)."""
 
-    Pool sizes mean what they mean for ``CacheManager``'s pools: ``kv_tokens`` KV indices,
-    ``state_slots`` state slots, ``rows`` request rows. ``track_slots`` is the ping-pong size
-    (2 with SGLang's overlap scheduler, 1 without); ``track_interval`` is
-    ``--mamba-track-interval``, ``chunk_size`` ``mamba_cache_chunk_size``.
-    """
+    RULES = "sglang-0.5.15.post1"
+    FINISH_CALL = "cache_finished_req"
+    load = staticmethod(load_lifecycle)
+    pool_class = staticmethod(_pool_class)
+    kv_allocator = staticmethod(_kv_allocator)
+    new_req = staticmethod(_new_req)
 
-    def __init__(
-        self,
-        *,
-        kv_tokens: int,
-        state_slots: int,
-        rows: int,
-        max_context: int,
-        page_size: int = 1,
-        chunk_size: int = 64,
-        strategy: str = "no_buffer",
-        track_slots: int = 2,
-        track_interval: int = 256,
-    ) -> None:
-        self.up = up = load_lifecycle()
-        self.extra_buffer = strategy == "extra_buffer"
-        self.strategy, self.page_size = strategy, page_size
-        self.track_slots = track_slots if self.extra_buffer else 0
-        self.sglang = True  # SGLang's rules, by construction
-        self.rules = "sglang-0.5.15.post1"
-        self._args = _ServerArgs(page_size, chunk_size, self.extra_buffer, track_interval)
-        self._activate()
-        self.kv_alloc = _kv_allocator(up, kv_tokens, page_size)
-        pool_cls = _pool_class(up)
-        self.pool = pool_cls(rows, max_context, state_slots, self.extra_buffer, track_slots)
-        params = sys.modules["sglang.srt.mem_cache.cache_init_params"].CacheInitParams(
-            disable=False,
-            req_to_token_pool=self.pool,
-            token_to_kv_pool_allocator=self.kv_alloc,
-            page_size=page_size,
-            enable_mamba_extra_buffer=self.extra_buffer,
-        )
-        us._SERVER_ARGS.mamba_cache_chunk_size = chunk_size  # read by the constructor
-        self.inner = sys.modules["sglang.srt.mem_cache.mamba_radix_cache"].MambaRadixCache(params)
-        self.inner.pretty_print = lambda: None  # upstream prints the tree on out-of-memory paths
-        self.processor = up.ns["SchedulerBatchResultProcessor"].__new__(
-            up.ns["SchedulerBatchResultProcessor"]
-        )
-        inner = self.inner
-        self.tree = _View(
-            chunk_size=chunk_size,
-            page_size=page_size,
-            compat="sglang-0.5.15.post1",
-            full_evictable_size=inner.full_evictable_size,
-            full_protected_size=inner.full_protected_size,
-            state_evictable_size=inner.mamba_evictable_size,
-            state_protected_size=inner.mamba_protected_size,
-        )
-        self.kv = _View(
-            available_size=self.kv_alloc.available_size, capacity=kv_tokens, reclaims_cache=False
-        )
-        self.rows = _View(
-            available_size=self.pool.available_size,
-            capacity=rows,
-            max_context=self.pool.max_context_len,  # the width of upstream's table
-        )
-        self.slots = _View(
-            available_size=self.pool.mamba_allocator.available_size, capacity=state_slots
-        )
-        self._ureqs: dict[Request, Any] = {}
-        self._pending: dict[Request, tuple[int, int, str]] = {}  # slot, position, kind
-        self._phase: dict[Request, str] = {}  # after its prompt: done, checkpointed, decoding
-        self.crashes: Counter[str] = Counter()  # where SGLang would have stopped (see docstring)
-        self.worked_around: Counter[str] = Counter()  # upstream bugs stepped around (docstring)
+    def _configure(self, chunk_size: int, track_interval: int) -> None:
+        self._args = _ServerArgs(self.page_size, chunk_size, self.extra_buffer, track_interval)
 
     def _activate(self) -> None:
         _ACTIVE[:] = [self._args]
 
-    def _u(self, req: Request) -> Any:
-        u = self._ureqs.get(req)
-        if u is None:
-            u = self._ureqs[req] = _new_req(self.up, req, len(self._ureqs))
-        return u
+    def _new_tree(self, chunk_size: int) -> Any:
+        params = sys.modules["sglang.srt.mem_cache.cache_init_params"].CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.pool,
+            token_to_kv_pool_allocator=self.kv_alloc,
+            page_size=self.page_size,
+            enable_mamba_extra_buffer=self.extra_buffer,
+        )
+        us._SERVER_ARGS.mamba_cache_chunk_size = chunk_size  # read by the constructor
+        return sys.modules["sglang.srt.mem_cache.mamba_radix_cache"].MambaRadixCache(params)
 
-    # ------------------------------------------------------------ admission
+    def _extend_end(self, u: Any) -> int:
+        return u.extend_range.end  # type: ignore[no-any-return]
 
-    def match(self, req: Request, key_len: int) -> bool:
-        self._activate()
-        if req.row is not None:
-            raise ValueError("request is already admitted")
-        u = self._u(req)
+    def _prefix_len(self, u: Any) -> int:
+        return len(u.prefix_indices)
+
+    def _match(self, req: Request, u: Any, limit: int) -> tuple[int, int]:
         u.full_untruncated_fill_ids = u.origin_input_ids + u.output_ids
-        limit = u._compute_max_prefix_len(len(u.full_untruncated_fill_ids))
-        if key_len != limit:
-            raise DriverMismatch(f"the driver matches {key_len} tokens, SGLang {limit}", req)
         base = sys.modules["sglang.srt.mem_cache.base_prefix_cache"]
         key = _match_key(u.full_untruncated_fill_ids, u.extra_key, limit)
         if limit < self.page_size <= len(u.full_untruncated_fill_ids):
@@ -559,30 +453,11 @@ class UpstreamLifecycle:
             # tree (SGLang #28692). Match as `limit` is documented to behave: sliced.
             self.worked_around["match: limit shorter than a page (#28692)"] += 1
             key = _match_key(u.full_untruncated_fill_ids[:limit], u.extra_key, None)
-        try:
-            m = self.inner.match_prefix(base.MatchPrefixParams(key=key, req=u, cow_mamba=True))
-        except AssertionError as e:
-            if _NO_SLOT not in str(e):
-                raise
-            self.crashes["match: no slot for the copy-on-write"] += 1
-            return False
+        m = self.inner.match_prefix(base.MatchPrefixParams(key=key, req=u, cow_mamba=True))
         u.prefix_indices, u.last_node = m.device_indices, m.last_device_node
         u.mamba_branching_seqlen = m.mamba_branching_seqlen
         u.cache_protected_len = len(u.prefix_indices)
-        self._sync(req, u)
-        req.computed = req.cached_len = req.kv_hit_len = u.cache_protected_len
-        return True
-
-    def unmatch(self, req: Request) -> None:
-        """``scheduler.py``'s refusal branch: drop the staged copy, free the fresh slot."""
-        if req.row is not None or req.lock is not None:
-            raise ValueError("request is admitted: abort it instead")
-        u = self._u(req)
-        u.mamba_cow_src_index, u.mamba_needs_clear = None, False
-        if u.mamba_pool_idx is not None:
-            self.pool.mamba_allocator.free(u.mamba_pool_idx.unsqueeze(-1))
-            u.mamba_pool_idx = None
-        _clear(req)
+        return u.cache_protected_len, u.cache_protected_len  # no KV hit reported: the prefix
 
     def lock(self, req: Request) -> None:
         self.inner.inc_lock_ref(self._u(req).last_node)
@@ -592,221 +467,53 @@ class UpstreamLifecycle:
         self.inner.dec_lock_ref(self._u(req).last_node)
         req.lock = None
 
-    # ----------------------------------------------------------- allocation
+    def _set_extend(self, u: Any, start: int, n: int) -> None:
+        u.set_extend_range(start, start + n)
 
-    def alloc_extend(self, reqs: list[Request], lens: list[int]) -> bool:
-        self._activate()
-        us_ = [self._u(r) for r in reqs]
-        for req, u, n in zip(reqs, us_, lens, strict=True):
-            self._no_pending(req)
-            start = len(u.prefix_indices)
-            if start != req.computed:
-                raise DriverMismatch(f"extend starts at {req.computed}, SGLang's at {start}", req)
-            u.set_extend_range(start, start + n)
-        b = _batch(self, us_)
-        b.prefix_lens = [len(u.prefix_indices) for u in us_]
-        b.extend_lens = list(lens)
-        b.extend_num_tokens = sum(lens)
-        b.seq_lens = torch.tensor([u.extend_range.end for u in us_], dtype=torch.int64)
-        b.seq_lens_cpu = b.seq_lens.clone()
-        before = [(u.req_pool_idx, u.mamba_pool_idx, u.mamba_ping_pong_track_buffer) for u in us_]
-        try:
-            self.up.common.alloc_for_extend(b)
-        except (RuntimeError, AssertionError) as e:
-            if isinstance(e, AssertionError) and "Not enough space for mamba" not in str(e):
-                raise
-            self._give_back(us_, before)
-            self.crashes[f"alloc_for_extend: {str(e).splitlines()[0][:40]}"] += 1
-            return False
-        self._prepare_for_extend(reqs, us_, b)
-        return True
+    def _alloc_for_extend(self, b: Any) -> None:
+        self.up.common.alloc_for_extend(b)
 
-    def _prepare_for_extend(self, reqs: list[Request], us_: list[Any], b: Any) -> None:
-        """The cache part of ``ScheduleBatch.prepare_for_extend`` after its allocation."""
-        for req, u in zip(reqs, us_, strict=True):
-            u.kv_committed_len = u.kv_allocated_len = u.extend_range.end
-            if self.extra_buffer:
-                entry = b._mamba_radix_cache_v2_req_prepare_for_extend(u)
-                if entry.track_mask:
-                    self._pending[req] = (entry.track_index, u.mamba_last_track_seqlen, "extend")
-        if any(u.mamba_pool_idx is not None for u in us_):
-            b._collect_deferred_mamba_cow_and_clear(us_)
-        for req, u in zip(reqs, us_, strict=True):
-            self._sync(req, u)
-            req.computed = u.kv_committed_len
-            if u.extend_range.end == len(u.full_untruncated_fill_ids):
-                self._phase[req] = _PROMPT_DONE
+    def _extended(self, u: Any) -> None:
+        u.kv_committed_len = u.kv_allocated_len = u.extend_range.end
 
-    def _give_back(self, us_: list[Any], before: list[tuple[Any, Any, Any]]) -> None:
-        """Undo the rows and slots a failed ``alloc_for_extend`` took (SGLang would crash)."""
-        for u, (row, slot, track) in zip(us_, before, strict=True):
-            if track is None and u.mamba_ping_pong_track_buffer is not None:
-                self.pool.mamba_allocator.free(u.mamba_ping_pong_track_buffer)
-                u.mamba_ping_pong_track_buffer = u.mamba_next_track_idx = None
-            if slot is None and u.mamba_pool_idx is not None:
-                self.pool.mamba_allocator.free(u.mamba_pool_idx.unsqueeze(0))
-                u.mamba_pool_idx, u.mamba_needs_clear = None, False
-            if row is None and u.req_pool_idx is not None:
-                self.pool.free(u)
+    def _extend_track_slot(self, u: Any, entry: Any) -> int:
+        return entry.track_index  # type: ignore[no-any-return]
 
-    def decode_fits(self, reqs: list[Request]) -> bool:
-        self._activate()
-        return bool(_batch(self, [self._u(r) for r in reqs]).check_decode_mem())
+    def _drop_track_buffer(self, kv: Any) -> None:
+        kv.mamba_ping_pong_track_buffer = kv.mamba_next_track_idx = None
 
-    def alloc_decode(self, reqs: list[Request]) -> bool:
-        self._activate()
-        us_ = [self._u(r) for r in reqs]
-        for req in reqs:
-            self._no_pending(req)
-        b = _batch(self, us_)
-        b.seq_lens = torch.tensor([u.kv_committed_len for u in us_], dtype=torch.int64)
-        b.seq_lens_cpu = b.seq_lens.clone()
-        b.req_pool_indices = torch.tensor([u.req_pool_idx for u in us_], dtype=torch.int64)
-        try:
-            self.up.common.alloc_for_decode(b, token_per_req=1)
-        except RuntimeError:
-            self.crashes["alloc_for_decode: out of memory"] += 1
-            return False
-        interval = self._args.mamba_track_interval
-        for req, u in zip(reqs, us_, strict=True):  # prepare_for_decode
-            if self._phase.get(req) == _PROMPT_DONE:
-                raise DriverMismatch("it decodes without SGLang's prompt-end checkpoint", req)
-            self._phase[req] = _DECODING
-            u.kv_committed_len += 1
-            u.kv_allocated_len += 1
-            req.computed = u.kv_committed_len
-            if self.extra_buffer and u.kv_committed_len % interval == 0:
-                slot = int(u.mamba_ping_pong_track_buffer[u.mamba_next_track_idx])
-                self._pending[req] = (slot, u.kv_committed_len, "decode")
-        return True
+    def _alloc_for_decode(self, b: Any) -> None:
+        self.up.common.alloc_for_decode(b, token_per_req=1)
 
-    def track_slot(self, req: Request) -> int:
-        got = self._pending.get(req)
-        if got is None:
-            msg = f"the driver tracks a state at {req.computed}; SGLang does not"
-            raise DriverMismatch(msg, req)
-        return got[0]
+    def _decoded(self, u: Any) -> None:
+        u.kv_committed_len += 1  # prepare_for_decode's two lines
+        u.kv_allocated_len += 1
 
-    def track(self, req: Request, position: int) -> None:
-        self._activate()
-        got = self._pending.pop(req, None)
-        if got is None or got[1] != position:
-            where = "nowhere" if got is None else got[1]
-            raise DriverMismatch(f"the driver tracked {position}, SGLang tracks {where}", req)
-        u = self._u(req)
-        if got[2] == "decode":  # process_batch_result_decode, after the forward
-            self.processor._mamba_prefix_cache_update(u, _batch(self, [u]), None, 0)
-        self._sync(req, u)
+    def _track_every(self) -> int:
+        return self._args.mamba_track_interval
 
-    def _no_pending(self, req: Request) -> None:
-        got = self._pending.pop(req, None)
-        if got is not None:
-            raise DriverMismatch(f"SGLang tracks a state at {got[1]}; the driver did not", req)
+    def _decode_track_update(self, u: Any) -> None:
+        self.processor._mamba_prefix_cache_update(u, self._batch([u]), None, 0)
 
-    # ---------------------------------------------------------- checkpoints
+    def _checkpoint(self, u: Any, chunked: bool) -> None:
+        self.inner.cache_unfinished_req(u, chunked=chunked)
 
-    def cache_unfinished(self, req: Request) -> None:
-        self._activate()
-        self._no_pending(req)
-        u = self._u(req)
-        chunked = u.extend_range.end < len(u.full_untruncated_fill_ids)
-        if not chunked:  # process_batch_result_prefill: only for a request that goes on decoding
-            if self._phase.get(req) != _PROMPT_DONE:
-                raise DriverMismatch("a prompt-end checkpoint where SGLang takes none", req)
-            self._phase[req] = _CHECKPOINTED
-        try:
-            self.inner.cache_unfinished_req(u, chunked=chunked)
-        except AssertionError as e:
-            if _NO_SLOT not in str(e):
-                raise
-            self.crashes["cache_unfinished_req: no slot"] += 1
-            row = self.pool.req_to_token[u.req_pool_idx, : u.extend_range.end]
-            u.prefix_indices = row.to(dtype=torch.int64, copy=True)
-        self._sync(req, u)
-        req.lock = u.last_node
-        return None
+    def _skip_checkpoint(self, u: Any) -> str:
+        row = self.pool.req_to_token[u.req_pool_idx, : u.extend_range.end]
+        u.prefix_indices = row.to(dtype=torch.int64, copy=True)
+        return "cache_unfinished_req: no slot"
 
-    def finish(self, req: Request, insert: bool = True) -> None:
-        self._activate()
-        self._no_pending(req)
-        if self._phase.pop(req, None) == _CHECKPOINTED:
-            raise DriverMismatch(
-                "finished by its first token, it got a prompt-end checkpoint; SGLang's "
-                "process_batch_result_prefill caches it with cache_finished_req only",
-                req,
-            )
-        u = self._ureqs.pop(req)
+    def _lock_handle(self, u: Any) -> Any:
+        return u.last_node
+
+    def _release(self, u: Any, insert: bool) -> None:
         self.up.common.release_kv_cache(u, self.inner, is_insert=insert)
-        _clear(req)
-        return None
 
-    def abort(self, req: Request) -> None:
-        """``release_kv_cache(is_insert=False)`` (before admission: the staged slot only), then
-        ``reset_for_retract``. A request locked but never given a row (its batch's memory
-        could not be had, where SGLang would crash) is unlocked first."""
-        self._activate()
-        self._pending.pop(req, None)
-        self._phase.pop(req, None)
-        u = self._u(req)
+    def _unlock_unadmitted(self, req: Request, u: Any) -> None:
         if u.req_pool_idx is None and req.lock is not None:
             self.inner.dec_lock_ref(u.last_node)
-        self.up.common.release_kv_cache(u, self.inner, is_insert=False)
-        u.reset_for_retract()
-        _clear(req)
-
-    def evict_kv_for(self, n: int) -> None:
-        self._activate()
-        self.up.common.evict_from_tree_cache(self.inner, n)
-
-    # --------------------------------------------------------------- helpers
-
-    def _sync(self, req: Request, u: Any) -> None:
-        """Copy the upstream request's cache fields onto ours (the fields the scheduler and
-        the checkpoint policies read)."""
-        req.row = u.req_pool_idx
-        req.slot = None if u.mamba_pool_idx is None else int(u.mamba_pool_idx)
-        buf = u.mamba_ping_pong_track_buffer
-        req.track_slots = None if buf is None else [int(s) for s in buf.tolist()]
-        req.next_track = u.mamba_next_track_idx or 0
-        req.last_track_len = u.mamba_last_track_seqlen
-        req.node, req.prefix_len = u.last_node, u.cache_protected_len
-        req.branching_len = u.mamba_branching_seqlen
-        req.cow_src = None if u.mamba_cow_src_index is None else int(u.mamba_cow_src_index)
-
-    def check_conservation(self) -> None:
-        """Every KV index (page) and state slot is free, in the tree, or held by one running
-        request, exactly once (what SGLang's idle self-check asserts, per request here)."""
-        page = self.page_size
-        tree_kv = [int(i) for i in self.inner.all_values_flatten().tolist()]
-        held_kv: list[int] = []
-        held_slots: list[int] = []
-        for u in self._ureqs.values():
-            if u.mamba_pool_idx is not None:
-                held_slots.append(int(u.mamba_pool_idx))
-            if u.mamba_ping_pong_track_buffer is not None:
-                held_slots += [int(s) for s in u.mamba_ping_pong_track_buffer.tolist()]
-            if u.req_pool_idx is not None:
-                row = self.pool.req_to_token[u.req_pool_idx]
-                held_kv += row[u.cache_protected_len : u.kv_committed_len].tolist()
-        kv_units = {i // page for i in tree_kv} | {i // page for i in held_kv}
-        n_kv = len({i // page for i in tree_kv}) + len({i // page for i in held_kv})
-        free_kv = self.kv_alloc.available_size() // page
-        if n_kv != len(kv_units) or free_kv + n_kv != self.kv.capacity // page:
-            raise AssertionError(f"KV: free {free_kv} + owned {n_kv} != {self.kv.capacity // page}")
-        tree_slots = [int(s) for s in self.inner.all_mamba_values_flatten().tolist()]
-        owned = tree_slots + held_slots
-        free = self.pool.mamba_allocator.available_size()
-        if len(set(owned)) != len(owned) or free + len(owned) != self.slots.capacity:
-            raise AssertionError(f"slots: free {free} + owned {len(owned)} != capacity")
 
 
 def _match_key(tokens: array[int], extra_key: Any, limit: int | None) -> Any:
     radix_key = sys.modules["sglang.srt.mem_cache.radix_cache"].RadixKey
     return radix_key(tokens, extra_key, limit=limit)
-
-
-def _clear(req: Request) -> None:
-    """Forget the cache fields of our ``Request`` (it holds nothing now)."""
-    req.row = req.slot = req.track_slots = req.node = req.lock = req.cow_src = None
-    req.last_track_len = req.branching_len = None
-    req.next_track = req.prefix_len = req.computed = 0

@@ -55,7 +55,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from array import array
-from collections import Counter
 from types import SimpleNamespace
 from typing import Any, NamedTuple, Optional
 
@@ -63,8 +62,8 @@ import numpy as np
 import torch
 
 import upstream_unified as uu
+from lifecycle_oracle import LifecycleOracle, init_pool, no
 from mambaradix.lifecycle import Request
-from upstream_lifecycle import DriverMismatch, _View
 
 _MC = "srt.mem_cache"
 _PICKS: dict[str, dict[str, tuple[str, ...] | None]] = {
@@ -117,9 +116,6 @@ _PICKS: dict[str, dict[str, tuple[str, ...] | None]] = {
         ),
     },
 }
-_NO_SLOT = "Can not alloc mamba cache"
-_PROMPT_DONE, _CHECKPOINTED, _DECODING = "prompt done", "checkpointed at the prompt end", "decoding"
-
 _loaded: SimpleNamespace | None = None
 
 
@@ -170,38 +166,16 @@ def _pool_class(up: SimpleNamespace) -> type:
         fields they read."""
 
         def __init__(self, rows: int, context: int, slots: int, extra: bool, track: int) -> None:
-            self.size, self._alloc_size, self.max_context_len = rows, rows + 1, context
-            self.device = "cpu"
-            self.req_to_token = torch.zeros((rows + 1, context), dtype=torch.int32)
-            self.free_slots = list(range(1, rows + 1))
+            init_pool(self, up, rows, context, slots, extra, track)
             self.req_generation = torch.zeros(rows + 1, dtype=torch.int64)
             self._aux_cache = self._on_alloc_rows = None
-            self.mamba_ping_pong_track_buffer_size = track
             self.mamba_initial_tracking_slots = track if extra else 0
-            self.enable_mamba_extra_buffer = extra
-            self.enable_mamba_extra_buffer_lazy = False
-            self.mamba_pool = SimpleNamespace(
-                replayssm_write_pos=None,
-                replayssm_spec_write_pos=None,
-                copy_from=_no,
-                clear_slots=_no,
-                size=slots,
-            )
-            self.mamba_allocator = up.mamba.MambaSlotAllocator(size=slots, device="cpu")
-            self.mamba_ckpt_pool = None
-            self.req_index_to_mamba_index_mapping = torch.zeros(rows + 1, dtype=torch.int32)
-            self.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.zeros(
-                (rows + 1, track), dtype=torch.int64
-            )
+            self.mamba_pool.replayssm_spec_write_pos = None
 
     return Pool
 
 
-def _no(*args: Any, **kwargs: Any) -> bool:
-    return False
-
-
-def _kv_allocator(size: int, page: int) -> Any:
+def _kv_allocator(up: SimpleNamespace, size: int, page: int) -> Any:
     if page == 1:
         cls = uu.up(f"{_MC}.allocator.token").TokenToKVPoolAllocator
         return cls(size, torch.bfloat16, "cpu", None, False)
@@ -217,7 +191,7 @@ def _new_req(up: SimpleNamespace, req: Request, rid: int) -> Any:
     u.kv = up.ns["ReqKvInfo"]()
     u.origin_input_ids, u.output_ids = req.input_ids, req.output_ids
     u.full_untruncated_fill_ids = array("q")
-    u.is_dllm = _no
+    u.is_dllm = no
     u.session = u.positional_embed_overrides = u.multimodal_inputs = None
     u.dllm_config = u.input_embeds = u.finished_reason = u.finished_len = None
     u.last_node = u.last_host_node = u.best_match_node = u.lock = None
@@ -233,127 +207,43 @@ def _new_req(up: SimpleNamespace, req: Request, rid: int) -> Any:
     return u
 
 
-def _batch(oracle: UpstreamLifecycle0523, ureqs: list[Any]) -> Any:
-    """A ``ScheduleBatch`` with what ``alloc_for_extend/decode`` and the picked methods read."""
-    b = oracle.up.ns["ScheduleBatch"].__new__(oracle.up.ns["ScheduleBatch"])
-    b.reqs, b.device = ureqs, "cpu"
-    b.req_to_token_pool, b.tree_cache = oracle.pool, oracle.inner
-    b.token_to_kv_pool_allocator = oracle.kv_alloc
-    b.spec_algorithm = SimpleNamespace(is_none=lambda: True)
-    b.model_config = SimpleNamespace(
-        is_encoder_decoder=False, hf_text_config=SimpleNamespace(mamba_chunk_size=64)
-    )
-    b.hisparse_coordinator = None
-    b.is_dllm = _no
-    b.maybe_evict_swa = lambda: None  # no SWA component: upstream's no-op
-    return b
-
-
 # --------------------------------------------------------------------------- the oracle
 
 
-class UpstreamLifecycle0523:
+class UpstreamLifecycle0523(LifecycleOracle):
     """SGLang 0.5.23's request lifecycle behind ``CacheManager``'s surface (see the module
-    docstring). Arguments as ``upstream_lifecycle.UpstreamLifecycle``'s."""
+    docstring and ``lifecycle_oracle.LifecycleOracle``)."""
 
-    def __init__(
-        self,
-        *,
-        kv_tokens: int,
-        state_slots: int,
-        rows: int,
-        max_context: int,
-        page_size: int = 1,
-        chunk_size: int = 64,
-        strategy: str = "no_buffer",
-        track_slots: int = 2,
-        track_interval: int = 256,
-    ) -> None:
-        self.up = up = load_lifecycle()
-        self.extra_buffer = strategy == "extra_buffer"
-        self.strategy, self.page_size = strategy, page_size
-        self.track_slots = track_slots if self.extra_buffer else 0
-        self.sglang = True  # SGLang's rules, by construction
-        self.rules = "sglang-0.5.23"
-        self._settings = (chunk_size, self.extra_buffer, track_interval, page_size)
-        self._activate()
-        self.kv_alloc = _kv_allocator(kv_tokens, page_size)
-        self.pool = _pool_class(up)(rows, max_context, state_slots, self.extra_buffer, track_slots)
-        params = uu.cache_params(self.pool, self.kv_alloc, page_size, self.extra_buffer)
-        self.inner = uu.up(f"{_MC}.unified_radix_cache").UnifiedRadixCache(params)
-        self.inner.pretty_print = lambda: None  # upstream prints the tree on out-of-memory paths
-        proc = up.ns["SchedulerBatchResultProcessor"]
-        self.processor = proc.__new__(proc)
-        self.processor.tree_cache = self.inner
-        inner = self.inner
-        self.tree = _View(
-            chunk_size=chunk_size,
-            page_size=page_size,
-            compat="sglang-0.5.23",
-            full_evictable_size=inner.full_evictable_size,
-            full_protected_size=inner.full_protected_size,
-            state_evictable_size=inner.mamba_evictable_size,
-            state_protected_size=inner.mamba_protected_size,
-        )
-        self.kv = _View(
-            available_size=self.kv_alloc.available_size, capacity=kv_tokens, reclaims_cache=False
-        )
-        self.rows = _View(
-            available_size=self.pool.available_size,
-            capacity=rows,
-            max_context=self.pool.max_context_len,  # the width of upstream's table
-        )
-        self.slots = _View(
-            available_size=self.pool.mamba_allocator.available_size, capacity=state_slots
-        )
-        self._ureqs: dict[Request, Any] = {}
-        self._pending: dict[Request, tuple[int, int, str]] = {}  # slot, position, kind
-        self._phase: dict[Request, str] = {}  # after its prompt: done, checkpointed, decoding
-        self.crashes: Counter[str] = Counter()  # where SGLang would have stopped
-        self.worked_around: Counter[str] = Counter()  # none known in 0.5.23
+    RULES = "sglang-0.5.23"
+    FINISH_CALL = "release_kv_cache"
+    load = staticmethod(load_lifecycle)
+    pool_class = staticmethod(_pool_class)
+    kv_allocator = staticmethod(_kv_allocator)
+    new_req = staticmethod(_new_req)
+
+    def _configure(self, chunk_size: int, track_interval: int) -> None:
+        self._settings = (chunk_size, self.extra_buffer, track_interval, self.page_size)
 
     def _activate(self) -> None:
         s = uu.SETTINGS
         s.chunk_size, s.extra_buffer, s.track_interval, s.page_size = self._settings
 
-    def _u(self, req: Request) -> Any:
-        u = self._ureqs.get(req)
-        if u is None:
-            u = self._ureqs[req] = _new_req(self.up, req, len(self._ureqs))
-        return u
+    def _new_tree(self, chunk_size: int) -> Any:
+        params = uu.cache_params(self.pool, self.kv_alloc, self.page_size, self.extra_buffer)
+        return uu.up(f"{_MC}.unified_radix_cache").UnifiedRadixCache(params)
 
-    # ------------------------------------------------------------ admission
+    def _kv(self, u: Any) -> Any:
+        return u.kv
 
-    def match(self, req: Request, key_len: int) -> bool:
-        self._activate()
-        if req.row is not None:
-            raise ValueError("request is already admitted")
-        u = self._u(req)
-        limit = u._compute_max_prefix_len(len(u.origin_input_ids) + len(u.output_ids))
-        if key_len != limit:
-            raise DriverMismatch(f"the driver matches {key_len} tokens, SGLang {limit}", req)
-        try:
-            u.init_next_round_input(self.inner)
-        except AssertionError as e:
-            if _NO_SLOT not in str(e):
-                raise
-            self.crashes["match: no slot for the copy-on-write"] += 1
-            return False
-        self._sync(req, u)
-        req.computed = req.cached_len = u.prefix_len
-        req.kv_hit_len = self.up.ns["match_kv_cache"].last.full_kv_hit_length
-        return True
+    def _extend_end(self, u: Any) -> int:
+        return u.extend_end  # type: ignore[no-any-return]
 
-    def unmatch(self, req: Request) -> None:
-        """``scheduler.py``'s refusal branch: drop the staged copy, free the fresh slot."""
-        if req.row is not None or req.lock is not None:
-            raise ValueError("request is admitted: abort it instead")
-        u = self._u(req)
-        u.kv.mamba_cow_src_index, u.kv.mamba_needs_clear = None, False
-        if u.kv.holds_mamba:
-            self.pool.mamba_allocator.free(u.kv.mamba_pool_idx.unsqueeze(-1))
-            u.kv.mamba_pool_idx = None
-        _clear(req)
+    def _prefix_len(self, u: Any) -> int:
+        return u.prefix_len  # type: ignore[no-any-return]
+
+    def _match(self, req: Request, u: Any, limit: int) -> tuple[int, int]:
+        u.init_next_round_input(self.inner)
+        return u.prefix_len, self.up.ns["match_kv_cache"].last.full_kv_hit_length
 
     def lock(self, req: Request) -> None:
         u = self._u(req)
@@ -365,225 +255,57 @@ class UpstreamLifecycle0523:
         self.inner.unlock(u.lock)
         u.lock = req.lock = None
 
-    # ----------------------------------------------------------- allocation
+    def _set_extend(self, u: Any, start: int, n: int) -> None:
+        u.extend_end = start + n
 
-    def alloc_extend(self, reqs: list[Request], lens: list[int]) -> bool:
-        self._activate()
-        us_ = [self._u(r) for r in reqs]
-        for req, u, n in zip(reqs, us_, lens, strict=True):
-            self._no_pending(req)
-            if u.prefix_len != req.computed:
-                msg = f"extend starts at {req.computed}, SGLang's at {u.prefix_len}"
-                raise DriverMismatch(msg, req)
-            u.extend_end = u.prefix_len + n
-        b = _batch(self, us_)
-        b.prefix_lens = [u.prefix_len for u in us_]
-        b.extend_lens = list(lens)
-        b.extend_num_tokens = sum(lens)
-        b.seq_lens = torch.tensor([u.extend_end for u in us_], dtype=torch.int64)
-        b.seq_lens_cpu = b.seq_lens.clone()
-        before = [
-            (u.kv.req_pool_idx, u.kv.mamba_pool_idx, u.kv.mamba_ping_pong_track_buffer) for u in us_
-        ]
-        try:
-            self.up.allocation.alloc_for_extend(b)
-        except (RuntimeError, AssertionError) as e:
-            if isinstance(e, AssertionError) and "Not enough space for mamba" not in str(e):
-                raise
-            self._give_back(us_, before)
-            self.crashes[f"alloc_for_extend: {str(e).splitlines()[0][:40]}"] += 1
-            return False
-        self._prepare_for_extend(reqs, us_, b)
-        return True
+    def _alloc_for_extend(self, b: Any) -> None:
+        self.up.allocation.alloc_for_extend(b)
 
-    def _prepare_for_extend(self, reqs: list[Request], us_: list[Any], b: Any) -> None:
-        """The cache part of ``ScheduleBatch.prepare_for_extend`` after its allocation."""
-        for req, u in zip(reqs, us_, strict=True):
-            if self.extra_buffer:
-                entry = b._mamba_radix_cache_v2_req_prepare_for_extend(u)
-                if entry.track_mask:
-                    slot = int(u.kv.mamba_ping_pong_track_buffer[entry.track_position])
-                    self._pending[req] = (slot, u.kv.mamba_last_track_seqlen, "extend")
-        if any(u.kv.holds_mamba for u in us_):
-            b._collect_deferred_mamba_cow_and_clear(us_)
-        for req, u in zip(reqs, us_, strict=True):
-            self._sync(req, u)
-            req.computed = u.kv.kv_committed_len
-            if u.extend_end == len(u.full_untruncated_fill_ids):
-                self._phase[req] = _PROMPT_DONE
+    def _extend_track_slot(self, u: Any, entry: Any) -> int:
+        return int(u.kv.mamba_ping_pong_track_buffer[entry.track_position])
 
-    def _give_back(self, us_: list[Any], before: list[tuple[Any, Any, Any]]) -> None:
-        """Undo the rows and slots a failed ``alloc_for_extend`` took (SGLang would crash)."""
-        for u, (row, slot, track) in zip(us_, before, strict=True):
-            if track is None and u.kv.mamba_ping_pong_track_buffer is not None:
-                self.pool.mamba_allocator.free(u.kv.mamba_ping_pong_track_buffer)
-                u.kv.mamba_ping_pong_track_buffer = None
-            if slot is None and u.kv.mamba_pool_idx is not None:
-                self.pool.mamba_allocator.free(u.kv.mamba_pool_idx.unsqueeze(0))
-                u.kv.mamba_pool_idx, u.kv.mamba_needs_clear = None, False
-            if row is None and u.kv.req_pool_idx is not None:
-                self.pool.free(u)
-
-    def decode_fits(self, reqs: list[Request]) -> bool:
-        self._activate()
-        return bool(_batch(self, [self._u(r) for r in reqs]).check_decode_mem())
-
-    def alloc_decode(self, reqs: list[Request]) -> bool:
-        self._activate()
-        us_ = [self._u(r) for r in reqs]
-        for req in reqs:
-            self._no_pending(req)
-        b = _batch(self, us_)
-        b.seq_lens = torch.tensor([u.kv.kv_committed_len for u in us_], dtype=torch.int64)
-        b.seq_lens_cpu = b.seq_lens.clone()
-        b.req_pool_indices = torch.tensor([u.kv.req_pool_idx for u in us_], dtype=torch.int64)
+    def _alloc_for_decode(self, b: Any) -> None:
         b.req_pool_indices_cpu = b.req_pool_indices.clone()
-        try:
-            self.up.allocation.alloc_for_decode(b, token_per_req=1)
-        except RuntimeError:
-            self.crashes["alloc_for_decode: out of memory"] += 1
-            return False
-        grid = uu.up("srt.runtime_context").mamba_track_grid(self.page_size)
-        for req, u in zip(reqs, us_, strict=True):
-            if self._phase.get(req) == _PROMPT_DONE:
-                raise DriverMismatch("it decodes without SGLang's prompt-end checkpoint", req)
-            self._phase[req] = _DECODING
-            req.computed = u.kv.kv_committed_len
-            if self.extra_buffer and u.kv.kv_committed_len % grid == 0:  # prepare_for_decode
-                slot = int(u.kv.mamba_ping_pong_track_buffer[u.kv.mamba_next_track_idx])
-                self._pending[req] = (slot, u.kv.kv_committed_len, "decode")
-        return True
+        self.up.allocation.alloc_for_decode(b, token_per_req=1)
 
-    def track_slot(self, req: Request) -> int:
-        got = self._pending.get(req)
-        if got is None:
-            msg = f"the driver tracks a state at {req.computed}; SGLang does not"
-            raise DriverMismatch(msg, req)
-        return got[0]
+    def _track_every(self) -> int:
+        return uu.up("srt.runtime_context").mamba_track_grid(self.page_size)  # type: ignore[no-any-return]
 
-    def track(self, req: Request, position: int) -> None:
-        self._activate()
-        got = self._pending.pop(req, None)
-        if got is None or got[1] != position:
-            where = "nowhere" if got is None else got[1]
-            raise DriverMismatch(f"the driver tracked {position}, SGLang tracks {where}", req)
-        u = self._u(req)
-        if got[2] == "decode":  # process_batch_result_decode, after the forward
-            u.kv.mamba_last_track_idx = u.kv.mamba_next_track_idx
-            u.kv.mamba_prev_track_seqlen = u.kv.mamba_last_track_seqlen
-            u.kv.mamba_last_track_seqlen = u.kv.kv_committed_len
-            b = _batch(self, [u])
-            self.processor._mamba_prefix_cache_update(u, b, None, 0, known_boundary=True)
-        self._sync(req, u)
+    def _decode_track_update(self, u: Any) -> None:
+        """The three lines of ``_handle_finish_state_updated_req`` for a completed boundary,
+        then the processor's update."""
+        u.kv.mamba_last_track_idx = u.kv.mamba_next_track_idx
+        u.kv.mamba_prev_track_seqlen = u.kv.mamba_last_track_seqlen
+        u.kv.mamba_last_track_seqlen = u.kv.kv_committed_len
+        b = self._batch([u])
+        self.processor._mamba_prefix_cache_update(u, b, None, 0, known_boundary=True)
 
-    def _no_pending(self, req: Request) -> None:
-        got = self._pending.pop(req, None)
-        if got is not None:
-            raise DriverMismatch(f"SGLang tracks a state at {got[1]}; the driver did not", req)
+    def _checkpoint(self, u: Any, chunked: bool) -> None:
+        self.up.common.checkpoint_kv_cache(u, self.inner)
 
-    # ---------------------------------------------------------- checkpoints
+    def _skip_checkpoint(self, u: Any) -> str:
+        u.prefix_len = u.extend_end
+        return "checkpoint: no slot"
 
-    def cache_unfinished(self, req: Request) -> None:
-        self._activate()
-        self._no_pending(req)
-        u = self._u(req)
-        chunked = u.extend_end < len(u.full_untruncated_fill_ids)
-        if not chunked:  # process_batch_result_prefill: only for a request that goes on decoding
-            if self._phase.get(req) != _PROMPT_DONE:
-                raise DriverMismatch("a prompt-end checkpoint where SGLang takes none", req)
-            self._phase[req] = _CHECKPOINTED
-        try:
-            self.up.common.checkpoint_kv_cache(u, self.inner)
-        except AssertionError as e:
-            if _NO_SLOT not in str(e):
-                raise
-            self.crashes["checkpoint: no slot"] += 1
-            u.prefix_len = u.extend_end
-        self._sync(req, u)
-        req.lock = u.lock
-        return None
+    def _lock_handle(self, u: Any) -> Any:
+        return u.lock
 
-    def finish(self, req: Request, insert: bool = True) -> None:
-        self._activate()
-        self._no_pending(req)
-        if self._phase.pop(req, None) == _CHECKPOINTED:
-            raise DriverMismatch(
-                "finished by its first token, it got a prompt-end checkpoint; SGLang's "
-                "process_batch_result_prefill caches it with release_kv_cache only",
-                req,
-            )
-        u = self._ureqs.pop(req)
+    def _finishing(self, u: Any) -> None:
         u.finished_reason = "finished"
-        self.up.common.release_kv_cache(u, self.inner, checkpoint=insert)
-        _clear(req)
-        return None
 
-    def abort(self, req: Request) -> None:
-        """``release_kv_cache(checkpoint=False)`` (before admission: the staged slot only),
-        then ``reset_for_retract``. A request locked but never given a row (its batch's memory
-        could not be had, where SGLang would crash) is unlocked first."""
-        self._activate()
-        self._pending.pop(req, None)
-        self._phase.pop(req, None)
-        u = self._u(req)
+    def _release(self, u: Any, insert: bool) -> None:
+        self.up.common.release_kv_cache(u, self.inner, checkpoint=insert)
+
+    def _unlock_unadmitted(self, req: Request, u: Any) -> None:
         if not u.kv.holds_kv and u.lock is not None:
             self.inner.unlock(u.lock)
             u.lock = None
-        self.up.common.release_kv_cache(u, self.inner, checkpoint=False)
-        u.reset_for_retract()
-        _clear(req)
 
-    def evict_kv_for(self, n: int) -> None:
-        self._activate()
-        self.up.common.evict_from_tree_cache(self.inner, n)
-
-    # --------------------------------------------------------------- helpers
-
-    def _sync(self, req: Request, u: Any) -> None:
-        """Copy the upstream request's cache fields onto ours (the fields the scheduler and
-        the checkpoint policies read)."""
-        kv = u.kv
-        req.row = kv.req_pool_idx
-        req.slot = None if kv.mamba_pool_idx is None else int(kv.mamba_pool_idx)
-        buf = kv.mamba_ping_pong_track_buffer
-        req.track_slots = None if buf is None else [int(s) for s in buf.tolist()]
-        req.next_track = kv.mamba_next_track_idx or 0
-        req.last_track_len = kv.mamba_last_track_seqlen
-        req.node, req.prefix_len = u.last_node, kv.cache_protected_len
-        req.branching_len = u.mamba_branching_seqlen
-        cow = kv.mamba_cow_src_index
-        req.cow_src = None if cow is None else int(cow)
-
-    def check_conservation(self) -> None:
-        """Every KV index (page) and state slot is free, in the tree, or held by one running
-        request, exactly once."""
-        page = self.page_size
-        tree_kv = [int(i) for i in self.inner.all_values_flatten().tolist()]
-        held_kv: list[int] = []
-        held_slots: list[int] = []
-        for u in self._ureqs.values():
-            kv = u.kv
-            if kv.mamba_pool_idx is not None:
-                held_slots.append(int(kv.mamba_pool_idx))
-            if kv.mamba_ping_pong_track_buffer is not None:
-                held_slots += [int(s) for s in kv.mamba_ping_pong_track_buffer.tolist()]
-            if kv.req_pool_idx is not None:
-                row = self.pool.req_to_token[kv.req_pool_idx]
-                held_kv += row[kv.cache_protected_len : kv.kv_committed_len].tolist()
-        kv_units = {i // page for i in tree_kv} | {i // page for i in held_kv}
-        n_kv = len({i // page for i in tree_kv}) + len({i // page for i in held_kv})
-        free_kv = self.kv_alloc.available_size() // page
-        if n_kv != len(kv_units) or free_kv + n_kv != self.kv.capacity // page:
-            raise AssertionError(f"KV: free {free_kv} + owned {n_kv} != {self.kv.capacity // page}")
-        tree_slots = [int(s) for s in self.inner.all_mamba_values_flatten().tolist()]
-        owned = tree_slots + held_slots
-        free = self.pool.mamba_allocator.available_size()
-        if len(set(owned)) != len(owned) or free + len(owned) != self.slots.capacity:
-            raise AssertionError(f"slots: free {free} + owned {len(owned)} != capacity")
-
-
-def _clear(req: Request) -> None:
-    """Forget the cache fields of our ``Request`` (it holds nothing now)."""
-    req.row = req.slot = req.track_slots = req.node = req.lock = req.cow_src = None
-    req.last_track_len = req.branching_len = None
-    req.next_track = req.prefix_len = req.computed = 0
+    def _batch(self, ureqs: list[Any]) -> Any:
+        b = super()._batch(ureqs)
+        b.model_config = SimpleNamespace(
+            is_encoder_decoder=False, hf_text_config=SimpleNamespace(mamba_chunk_size=64)
+        )
+        b.hisparse_coordinator = None
+        b.is_dllm = no
+        return b

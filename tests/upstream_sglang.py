@@ -47,7 +47,8 @@ from typing import Any
 
 import torch
 
-from mambaradix.core.results import EvictResult, InsertResult, MatchResult
+from mambaradix.core.results import MatchResult
+from upstream_adapter import Recorder, UpstreamAdapter
 
 SGLANG_VERSION = "0.5.15.post1"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -229,29 +230,11 @@ def load_upstream() -> types.ModuleType:
 # --------------------------------------------------------------------------- fake pools
 
 
-def _ints(indices: Any) -> list[int]:
-    if isinstance(indices, torch.Tensor):
-        return [int(i) for i in indices.reshape(-1).tolist()]
-    return [int(i) for i in indices]
-
-
-class _Recorder:
-    def __init__(self) -> None:
-        self.freed: list[int] = []
-
-    def free(self, indices: Any) -> None:
-        self.freed.extend(_ints(indices))
-
-    def take(self) -> list[int]:
-        out, self.freed = self.freed, []
-        return out
-
-
 def _make_pools() -> tuple[Any, Any]:
     allocator_cls = sys.modules[f"{_PKG}.allocator"].TokenToKVPoolAllocator
     pool_cls = sys.modules[f"{_PKG}.memory_pool"].HybridReqToTokenPool
 
-    class FakeKVAllocator(_Recorder, allocator_cls):  # type: ignore[misc, valid-type]
+    class FakeKVAllocator(Recorder, allocator_cls):  # type: ignore[misc, valid-type]
         """Records every KV index the tree frees; hands out nothing."""
 
         device = torch.device("cpu")
@@ -263,7 +246,7 @@ def _make_pools() -> tuple[Any, Any]:
         """Only ``mamba_allocator`` is used by the paths we drive; it records freed slots."""
 
         def __init__(self) -> None:
-            self.mamba_allocator = _Recorder()
+            self.mamba_allocator = Recorder()
 
     return FakeKVAllocator(), FakeReqToTokenPool()
 
@@ -271,21 +254,17 @@ def _make_pools() -> tuple[Any, Any]:
 # --------------------------------------------------------------------------- adapter
 
 
-class UpstreamCache:
+class UpstreamCache(UpstreamAdapter):
     """SGLang's ``MambaRadixCache`` behind the API of ``mambaradix.MambaRadixCache``."""
 
     def __init__(self, page_size: int = 1, chunk_size: int = 64) -> None:
         mod = load_upstream()
-        base = sys.modules[f"{_PKG}.base_prefix_cache"]
-        self._MatchPrefixParams = base.MatchPrefixParams
-        self._InsertParams = base.InsertParams
-        self._EvictParams = base.EvictParams
-        self._RadixKey = sys.modules[f"{_PKG}.radix_cache"].RadixKey
-        self._kv, self._req_pool = _make_pools()
+        self._bind(sys.modules[f"{_PKG}.base_prefix_cache"], sys.modules[f"{_PKG}.radix_cache"])
+        self.kv, self.req_pool = _make_pools()
         params = sys.modules[f"{_PKG}.cache_init_params"].CacheInitParams(
             disable=False,
-            req_to_token_pool=self._req_pool,
-            token_to_kv_pool_allocator=self._kv,
+            req_to_token_pool=self.req_pool,
+            token_to_kv_pool_allocator=self.kv,
             page_size=page_size,
             # v1 (no extra buffer) asserts page_size == 1; the tree code is the same otherwise.
             enable_mamba_extra_buffer=page_size > 1,
@@ -294,9 +273,6 @@ class UpstreamCache:
         self.inner = mod.MambaRadixCache(params)
         self.page_size = page_size
         self.chunk_size = chunk_size
-
-    def _key(self, key: Sequence[int], extra_key: str | None) -> Any:
-        return self._RadixKey(array("q", key), extra_key)
 
     @property
     def root(self) -> Any:
@@ -313,58 +289,9 @@ class UpstreamCache:
             kv_hit_len=-1,  # upstream 0.5.15 does not report the full KV hit
         )
 
-    def insert(
-        self,
-        key: Sequence[int],
-        kv_indices: Sequence[int],
-        state: int,
-        prev_prefix_len: int = 0,
-        extra_key: str | None = None,
-    ) -> InsertResult:
-        self._kv.take()
-        res = self.inner.insert(
-            self._InsertParams(
-                key=self._key(key, extra_key),
-                value=torch.tensor(list(kv_indices), dtype=torch.int64),
-                mamba_value=torch.tensor([state], dtype=torch.int64),
-                prev_prefix_len=prev_prefix_len,
-            )
-        )
-        return InsertResult(res.prefix_len, bool(res.mamba_exist), array("q", self._kv.take()))
-
-    def evict(self, kv_tokens: int = 0, states: int = 0) -> EvictResult:
-        self._kv.take()
-        self._req_pool.mamba_allocator.take()
-        res = self.inner.evict(self._EvictParams(num_tokens=kv_tokens, mamba_num=states))
-        return EvictResult(
-            kv_tokens=res.num_tokens_evicted,
-            states=res.mamba_num_evicted,
-            freed_kv=array("q", self._kv.take()),
-            freed_states=self._req_pool.mamba_allocator.take(),
-        )
-
     def inc_lock_ref(self, node: Any) -> Any:
         self.inner.inc_lock_ref(node)
         return node  # the node itself is the receipt for dec_lock_ref
 
     def dec_lock_ref(self, receipt: Any) -> None:
         self.inner.dec_lock_ref(receipt)
-
-    def full_evictable_size(self) -> int:
-        return int(self.inner.full_evictable_size())
-
-    def full_protected_size(self) -> int:
-        return int(self.inner.full_protected_size())
-
-    def state_evictable_size(self) -> int:
-        return int(self.inner.mamba_evictable_size())
-
-    def state_protected_size(self) -> int:
-        return int(self.inner.mamba_protected_size())
-
-    def sanity_check(self) -> None:
-        """Upstream's check; valid only while no locks are held."""
-        self.inner.sanity_check()
-
-    def pretty_print(self) -> None:
-        self.inner.pretty_print()

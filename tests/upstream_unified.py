@@ -40,8 +40,9 @@ from typing import Any
 
 import torch
 
-from mambaradix.core.results import EvictResult, InsertResult, MatchResult
+from mambaradix.core.results import EvictResult, MatchResult
 from sglang_wheel import WheelPackage, identity_decorator
+from upstream_adapter import Recorder, UpstreamAdapter, ints
 
 SGLANG_VERSION = "0.5.23"
 PREFIX = "sglang_v0_5_23"
@@ -244,31 +245,21 @@ def up(rel: str) -> Any:
 # --------------------------------------------------------------------------- fake pools
 
 
-def _ints(indices: Any) -> list[int]:
-    if isinstance(indices, torch.Tensor):
-        return [int(i) for i in indices.reshape(-1).tolist()]
-    return [int(i) for i in indices]
-
-
-class _Recorder:
+class _Recorder(Recorder):
     """Records frees in order; reports ``free`` slots as free space (set by the caller)."""
 
     def __init__(self) -> None:
-        self.freed: list[int] = []
+        super().__init__()
         self.free_now = 0
 
     def free(self, indices: Any) -> None:
-        got = _ints(indices)
+        got = ints(indices)
         self.freed.extend(got)
         self.free_now += len(got)
 
     def free_segment(self, indices: Any, start_pos: int = 0) -> None:
         assert start_pos == 0
         self.free(indices)
-
-    def take(self) -> list[int]:
-        out, self.freed = self.freed, []
-        return out
 
     def available_size(self) -> int:
         return self.free_now
@@ -333,7 +324,7 @@ class _Lock:
         self.node, self.params = node, params
 
 
-class UpstreamUnifiedCache:
+class UpstreamUnifiedCache(UpstreamAdapter):
     """SGLang 0.5.23's ``UnifiedRadixCache`` behind the API of ``mambaradix.MambaRadixCache``.
 
     ``evict`` is ``UnifiedRadixCache.evict`` (counts, no availability target);
@@ -346,11 +337,7 @@ class UpstreamUnifiedCache:
         load_unified()
         if backend == "rust":
             load_rust_core()
-        base = up(f"{_MC}.base_prefix_cache")
-        self._MatchPrefixParams = base.MatchPrefixParams
-        self._InsertParams = base.InsertParams
-        self._EvictParams = base.EvictParams
-        self._RadixKey = up(f"{_MC}.radix_cache").RadixKey
+        self._bind(up(f"{_MC}.base_prefix_cache"), up(f"{_MC}.radix_cache"))
         self.kv, self.req_pool = make_pools(page_size)
         SETTINGS.chunk_size = chunk_size  # read once, in the constructor
         params = cache_params(
@@ -364,9 +351,6 @@ class UpstreamUnifiedCache:
         self.backend = backend
         self.page_size = page_size
         self.chunk_size = chunk_size
-
-    def _key(self, key: Sequence[int], extra_key: str | None) -> Any:
-        return self._RadixKey(array("q", key), extra_key)
 
     @property
     def root(self) -> Any:
@@ -388,41 +372,6 @@ class UpstreamUnifiedCache:
             kv_hit_len=res.full_kv_hit_length,
         )
 
-    def insert(
-        self,
-        key: Sequence[int],
-        kv_indices: Sequence[int],
-        state: int,
-        prev_prefix_len: int = 0,
-        extra_key: str | None = None,
-    ) -> InsertResult:
-        self.kv.take()
-        res = self.inner.insert(
-            self._InsertParams(
-                key=self._key(key, extra_key),
-                value=torch.tensor(list(kv_indices), dtype=torch.int64),
-                mamba_value=torch.tensor([state], dtype=torch.int64),
-                prev_prefix_len=prev_prefix_len,
-            )
-        )
-        self.last_insert_node = res.last_device_node
-        return InsertResult(res.prefix_len, bool(res.mamba_exist), array("q", self.kv.take()))
-
-    def _evict_result(self, res: Any) -> EvictResult:
-        return EvictResult(
-            kv_tokens=res.num_tokens_evicted,
-            states=res.mamba_num_evicted,
-            freed_kv=array("q", self.kv.take()),
-            freed_states=self.req_pool.mamba_allocator.take(),
-        )
-
-    def evict(self, kv_tokens: int = 0, states: int = 0) -> EvictResult:
-        self.kv.take()
-        self.req_pool.mamba_allocator.take()
-        return self._evict_result(
-            self.inner.evict(self._EvictParams(num_tokens=kv_tokens, mamba_num=states))
-        )
-
     def evict_for_alloc(self, kv_tokens: int = 0, states: int = 0) -> EvictResult:
         self.kv.take()
         self.req_pool.mamba_allocator.take()
@@ -434,22 +383,3 @@ class UpstreamUnifiedCache:
 
     def dec_lock_ref(self, receipt: _Lock) -> None:
         self.inner.dec_lock_ref(receipt.node, receipt.params)
-
-    def full_evictable_size(self) -> int:
-        return int(self.inner.full_evictable_size())
-
-    def full_protected_size(self) -> int:
-        return int(self.inner.full_protected_size())
-
-    def state_evictable_size(self) -> int:
-        return int(self.inner.mamba_evictable_size())
-
-    def state_protected_size(self) -> int:
-        return int(self.inner.mamba_protected_size())
-
-    def sanity_check(self) -> None:
-        """Upstream's check; valid only while no locks are held."""
-        self.inner.sanity_check()
-
-    def pretty_print(self) -> None:
-        self.inner.pretty_print()

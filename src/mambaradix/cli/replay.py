@@ -178,6 +178,13 @@ def add_tier_arguments(p: argparse.ArgumentParser) -> None:
         default=t.DEFAULT_STORE_LATENCY_US,
         help="store -> host microseconds per load",
     )
+    p.add_argument(
+        "--tier-write",
+        choices=["back", "through", "through-selective"],
+        default="back",
+        help="when units go down to the host: when the device evicts them (back), when "
+        "they are cached (through), once hit twice (through-selective, SGLang's rule)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -342,6 +349,7 @@ def validate_serving(args: argparse.Namespace) -> tuple[ModelProfile, ServingCon
         host_latency_us=args.host_latency_us,
         store_gbps=args.store_gbps,
         store_latency_us=args.store_latency_us,
+        tier_write=args.tier_write,
     )
     return profile, base, scale
 

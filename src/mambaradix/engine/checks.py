@@ -14,6 +14,7 @@ from mambaradix.core.compat import resolve_compat
 from mambaradix.engine.device import check_dtype
 from mambaradix.lifecycle.manager import rules_release
 from mambaradix.lifecycle.strategy import PAGE_RULE, check_strategy, takes_page
+from mambaradix.lifecycle.tier_write import WritePolicy, as_write_policy
 from mambaradix.policies import (
     ORACLE,
     POLICIES,
@@ -30,6 +31,7 @@ from mambaradix.scheduler import (
     kv_needed_alone,
     slots_alone,
 )
+from mambaradix.tiers.cost import LoadRule
 from mambaradix.validate import (
     HOST_BYTES_PER_ID,
     as_bool,
@@ -78,6 +80,29 @@ def check_host_tier(prefix_cache: bool, state_slots: Any, kv_tokens: Any) -> boo
     if not prefix_cache:
         raise ValueError("host_state_slots / host_kv_tokens need prefix_cache=True")
     return True
+
+
+def check_tier_rules(host_tier: bool, tier_write: Any, tier_cost: Any) -> WritePolicy:
+    """`tier_write` as a WritePolicy and `tier_cost` None or a `LoadRule`, either one
+    other than its default only with a host tier (TypeError / ValueError naming it)."""
+    write = as_write_policy(tier_write, "tier_write")
+    if tier_cost is not None and not isinstance(tier_cost, LoadRule):
+        raise TypeError(f"tier_cost must be None or a tiers.cost.LoadRule, got {tier_cost!r}")
+    if not host_tier and (write is not WritePolicy.WRITE_BACK or tier_cost is not None):
+        name = "tier_cost" if tier_cost is not None else "tier_write"
+        raise ValueError(f"{name} needs a host tier (host_state_slots, host_kv_tokens)")
+    return write
+
+
+def check_prefetch(store_dir: Any, wait_s: Any) -> None:
+    """`prefetch_wait_s`: None, or seconds >= 0 with a store (ValueError naming it)."""
+    if wait_s is None:
+        return
+    ok = isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool) and wait_s >= 0
+    if not ok or wait_s != wait_s or wait_s == float("inf"):
+        raise ValueError(f"prefetch_wait_s must be None or seconds >= 0, got {wait_s!r}")
+    if store_dir is None:
+        raise ValueError("prefetch_wait_s needs a store (store_dir, store_gb)")
 
 
 def check_store_tier(host_tier: bool, store_dir: Any, store_gb: Any) -> int:

@@ -39,7 +39,9 @@ from mambaradix.engine.checks import (
     check_generate_args,
     check_host_tier,
     check_policy,
+    check_prefetch,
     check_store_tier,
+    check_tier_rules,
     memory_shortfall,
 )
 from mambaradix.engine.deterministic import GridCheckpoints
@@ -50,6 +52,7 @@ from mambaradix.engine.results import EngineStats
 from mambaradix.engine.tiers import HostTier, TierLookup
 from mambaradix.geometry.profile import ModelProfile
 from mambaradix.lifecycle import CacheManager, Evictor, Request
+from mambaradix.lifecycle.tier_write import WritePolicy
 from mambaradix.policies import BasePolicy, Policy, PolicyContext, default_policy
 from mambaradix.pools import (
     PagedKVAllocator,
@@ -58,6 +61,7 @@ from mambaradix.pools import (
     TokenKVAllocator,
 )
 from mambaradix.scheduler import Scheduler, SchedulerConfig, Sequence
+from mambaradix.tiers.cost import LoadRule
 
 __all__ = ["Engine", "Result", "TorchForward"]
 
@@ -128,7 +132,14 @@ class Engine:
     that many slots and tokens, and loaded back when a later request's prefix
     is there (both 0: no host tier; both > 0 with the cache on).
     store_dir / store_gb: a file store (L3) below the host tier, of that many
-    GB: what the host drops is written there (`engine.tier_store`).
+    GB: what the host drops is written there (`engine.tier_store`); it is read back
+    by a later engine on the same directory, model and layout.
+    tier_write: when units go down to the host ("back", "through",
+    "through-selective" or a `WritePolicy`, `lifecycle.tier_write`). tier_cost: a
+    `tiers.cost.LoadRule` to load or recompute each hit by cost (None: load the
+    deepest hit). prefetch_wait_s: with a store, what a batch's prompts would load
+    from the store is read into the host on a worker thread as they are submitted, a
+    match waiting at most that many seconds for it (None: no prefetch); `close` joins it.
     """
 
     def __init__(
@@ -158,6 +169,9 @@ class Engine:
         host_kv_tokens: int = 0,
         store_dir: str | os.PathLike[str] | None = None,
         store_gb: float = 0.0,
+        tier_write: str | WritePolicy = "back",
+        tier_cost: LoadRule | None = None,
+        prefetch_wait_s: float | None = None,
     ) -> None:
         named, strategy = check_policy(policy, compat, strategy)
         check_engine_args(
@@ -183,6 +197,8 @@ class Engine:
         )
         host_tier = check_host_tier(prefix_cache, host_state_slots, host_kv_tokens)
         store_bytes = check_store_tier(host_tier, store_dir, store_gb)
+        write = check_tier_rules(host_tier, tier_write, tier_cost)
+        check_prefetch(store_dir, prefetch_wait_s)
         self.device = resolve_device(device)
         dtype = check_dtype(dtype)
         if net is not None:
@@ -220,8 +236,9 @@ class Engine:
         if host_tier:
             store = None if store_dir is None else (store_dir, store_bytes, str(model))
             self.host_tier = HostTier(
-                self.mgr, self.adapter, host_state_slots, host_kv_tokens, self.device, store
-            )
+                self.mgr, self.adapter, host_state_slots, host_kv_tokens, self.device, store,
+                write, tier_cost, prefetch_wait_s,
+            )  # fmt: skip
             hooks = TierLookup(hooks, self.host_tier)
         self.scheduler = Scheduler(self.mgr, self.forward, hooks, cfg, on_finish=self._done)
         self.profile = engine_profile(self.net, str(model))
@@ -286,12 +303,16 @@ class Engine:
         for seq in seqs:
             seq.arrival = t0
             self.scheduler.submit(seq)
+        if self.host_tier is not None:
+            self.host_tier.prefetch(prompts)
         try:
             self.scheduler.run()
         except BaseException:
             for seq in seqs:  # free what the failed call holds: the engine stays usable
                 self.scheduler.abort(seq)
             raise
+        if self.host_tier is not None:
+            self.host_tier.flush()  # write-through copies of the last inserts, prefetches
         return [self._result(seq, t0) for seq in seqs]
 
     def _result(self, seq: Sequence, t0: float) -> Result:
@@ -342,10 +363,17 @@ class Engine:
         if self.host_tier is not None:
             self.host_tier.check()
 
+    def close(self) -> None:
+        """Finish the tiers' work in flight and join their worker thread."""
+        if self.host_tier is not None:
+            self.host_tier.close()
+
     def reset_cache(self) -> None:
         """Drop everything the tree caches (no request may be running)."""
         if self.mgr.active:
             raise RuntimeError("requests are running")
+        if self.host_tier is not None:
+            self.host_tier.flush()  # copies queued from units the reset frees
         r = self.mgr.tree.reset()
         if r.freed_kv:
             self.mgr.kv.free(r.freed_kv)

@@ -19,6 +19,12 @@ them out with bytes:
   finds it. A store miss (refused, lost or corrupt object) forgets the key and fails the
   load: the units it wrote to are freed, never inserted.
 
+* prefetch (`prefetch_wait_s`): when a batch is submitted, what each prompt's load
+  would read from the store is given host units (`LowerTiers.fetch`, pinned) and read into
+  them on the store's worker thread; a match publishes the reads that finished, waiting at
+  most `prefetch_wait_s` for the rest (a late one leaves the load to read the store);
+  `generate` returns with every read done, `close` joins the worker.
+
 Host units are owned by the layer's entries: one per visible or in-flight key, freed when
 the host LRU drops the key (`check`: every host unit is free or held by exactly one key,
 and the keys holding units are the host LRU's entries).
@@ -27,25 +33,32 @@ and the keys holding units are the host LRU's entries).
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Sequence
 from typing import Any
 
 from mambaradix.engine.tier_store import StoreTier
 from mambaradix.lifecycle import CacheManager, Evictor, Request
 from mambaradix.lifecycle.tier_lru import LowerTier
 from mambaradix.lifecycle.tier_restore import restore
+from mambaradix.lifecycle.tier_write import WritePolicy
 from mambaradix.lifecycle.tiers import (
     HOST,
     STORE,
     Action,
+    Candidate,
     Demote,
     Drop,
+    Fetch,
     Key,
     LowerTiers,
     Residency,
     TierTracker,
+    cheapest,
 )
 from mambaradix.pools.host import HostKVPool, HostPool, HostStatePool, kv_group, state_group
-from mambaradix.pools.transfer import Group, Mover
+from mambaradix.pools.transfer import Group, Mover, Transfer
+from mambaradix.tiers.cost import LoadRule
 
 __all__ = ["HostTier", "TierLookup"]
 
@@ -61,9 +74,17 @@ class HostTier:
         kv_tokens: int,
         device: Any,
         store: tuple[str | os.PathLike[str], int, str] | None = None,
+        write: WritePolicy = WritePolicy.WRITE_BACK,
+        rule: LoadRule | None = None,
+        prefetch_wait_s: float | None = None,
     ) -> None:
-        """`store`: (directory, capacity in bytes, model name) of a file store below."""
-        self.mgr = mgr
+        """`store`: (directory, capacity in bytes, model name) of a file store below.
+        `write`: when units go down (`lifecycle.tier_write`). `rule`: load or recompute
+        each hit by cost (`lifecycle.tiers.cheapest`; None: load the deepest).
+        `prefetch_wait_s`: prefetch store -> host (`prefetch`), a match waiting at most
+        that long for its reads (None: no prefetch)."""
+        self.mgr, self.rule, self.wait_s = mgr, rule, prefetch_wait_s
+        self.fetching: dict[Key, Transfer[list[bool]]] = {}  # prefetch reads in flight
         self.groups: dict[str, Group] = {
             "st": state_group(adapter.states),
             "kv": kv_group(adapter.k, adapter.v),
@@ -84,16 +105,30 @@ class HostTier:
             root, store_bytes, model = store
             self.store = StoreTier(root, model, self.groups["st"], self.groups["kv"], self.mover)
         self.tiers = LowerTiers(host, LowerTier(STORE, store_bytes), sink=self.queue.append)
-        self.tracker = TierTracker(self.tiers, kv_bytes, st_bytes)
+        self.tracker = TierTracker(self.tiers, kv_bytes, st_bytes, write=write)
         self.residency = Residency(self.tiers, self.tracker, mgr.page_size)
         self.units: dict[Key, int] = {}  # key -> its host unit (written or being written)
         self.missed: list[Key] = []  # store misses of the load in progress
-        self.stats = {"loads": 0, "loaded_kv_tokens": 0, "failed_loads": 0}
+        self.stats = {"loads": 0, "loaded_kv_tokens": 0, "failed_loads": 0, "recomputed": 0}
+        self.stats |= {"store_found": self._adopt_store(kv_bytes, st_bytes)}
+        self.stats |= {"prefetched": 0, "prefetch_misses": 0, "prefetch_late": 0}
         self.stats |= {"demoted_kv_tokens": 0, "demoted_states": 0, "store_writes": 0}
         self.stats |= {"store_deletes": 0}
         self.stats |= {"store_loaded_kv_tokens": 0, "store_loaded_states": 0, "store_misses": 0}
         mgr.tree.add_listener(self.tracker)
         mgr.evictor = self.evictor(mgr.evictor)
+
+    def _adopt_store(self, kv_bytes: int, st_bytes: int) -> int:
+        """List what the store already holds of this model and layout (an earlier
+        engine's writes), oldest first, in the store's LRU; delete what does not fit.
+        Returns how many objects were taken."""
+        if self.store is None:
+            return 0
+        found = self.store.found()
+        for key in found:
+            for old in self.tiers.adopt(key, kv_bytes if key[0] == "kv" else st_bytes):
+                self.store.delete(old)
+        return len(found)
 
     # ---------------------------------------------------------------- demotion
 
@@ -120,6 +155,9 @@ class HostTier:
                 pending[kind] = [p for p in pending[kind] if p[0] != action.key]
                 self.pools[kind].free([unit])
                 continue
+            if isinstance(action, Fetch):
+                self._read_ahead(action.key)
+                continue
             assert isinstance(action, Demote)
             if action.tier == STORE:
                 self._to_store(action.key, action.source, pending)
@@ -132,6 +170,16 @@ class HostTier:
             pending[kind].append((action.key, action.source, got[0]))
         self.queue.clear()
         self._copy_to_host(pending)
+
+    def _read_ahead(self, key: Key) -> None:
+        """A `Fetch`: a host unit for `key`, read into from the store on the worker."""
+        assert self.store is not None
+        kind = str(key[0])
+        got = self.pools[kind].alloc(1)
+        if got is None:
+            raise AssertionError(f"the host {kind} pool disagrees with its LRU: it is full")
+        self.units[key] = got[0]
+        self.fetching[key] = self.store.read_ahead(key, self.pools[kind].tensors, got[0])
 
     def _copy_to_host(self, pending: dict[str, list[tuple[Key, int, int]]]) -> None:
         for kind, copies in pending.items():
@@ -164,16 +212,74 @@ class HostTier:
             self.tiers.forget(key, STORE)
             self.stats["store_misses"] += 1
 
+    # --------------------------------------------------------------- prefetch
+
+    def prefetch(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Start reading into the host, on the store's worker thread, what the load of
+        each prompt's deepest usable prefix would read from the store (the device and the
+        tiers as they are now: a hint; the load decides again at its match)."""
+        if self.wait_s is None or self.store is None:
+            return
+        sizes = {"kv": self.tracker.kv_unit_bytes, "st": self.tracker.group_bytes}
+        for prompt in prompts:
+            key = prompt[: len(prompt) - 1]
+            m = self.mgr.tree.match_prefix(key, read_only=True)
+            cands = self.residency.plan(key, m.prefix_len, m.kv_hit_len)
+            if not cands:
+                continue
+            plan = self.residency.restore_plan(key, cands[-1].depth, m.kv_hit_len)
+            for k, tier in [(k, t) for _, k, t in plan.kv] + plan.state:
+                if tier == STORE:
+                    self.tiers.fetch(k, sizes[str(k[0])])
+        self.execute()
+
+    def settle(self, wait_s: float | None) -> None:
+        """Publish the prefetch reads that finished, waiting at most `wait_s` seconds in
+        all for the others (None: for every one); a read the store missed is forgotten."""
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        for key, read in list(self.fetching.items()):
+            while deadline is not None and not read.done() and time.monotonic() < deadline:
+                time.sleep(1e-4)
+            if deadline is not None and not read.done():
+                self.stats["prefetch_late"] += 1
+                continue
+            (ok,) = read.wait()
+            del self.fetching[key]
+            self.tiers.fetched(key, ok)
+            if not ok:
+                self.pools[str(key[0])].free([self.units.pop(key)])
+            self.stats["prefetched" if ok else "prefetch_misses"] += 1
+
+    def flush(self) -> None:
+        """Carry out every queued action and finish every prefetch read."""
+        self.execute()
+        self.settle(None)
+
+    def close(self) -> None:
+        """Finish what is in flight and join the store's worker thread."""
+        self.flush()
+        if self.store is not None:
+            self.store.close()
+
     # ------------------------------------------------------------------- loads
 
     def before_match(self, req: Request) -> None:
-        """Load the deepest prefix of `req` the host tier can give past the device's."""
+        """Load the prefix of `req` the tiers can give past the device's: the deepest, or
+        by cost (`rule`): the one that saves the most seconds, if any."""
+        self.execute()  # write-through copies queued by inserts since: visible first
+        if self.fetching:
+            assert self.wait_s is not None
+            self.settle(self.wait_s)  # bounded: a late read leaves the load to the store
         key = req.tokens[: req.total_len - 1]
         m = self.mgr.tree.match_prefix(key, req.extra_key, read_only=True)
         cands = self.residency.plan(key, m.prefix_len, m.kv_hit_len)
-        if not cands:
+        if self.rule is None:
+            choice = cands[-1] if cands else None
+        else:
+            choice = self._cheapest(cands, m.prefix_len)
+        if choice is None:
             return
-        depth = cands[-1].depth
+        depth = choice.depth
         # the allocation below may demote into the host: what this load reads is pinned
         # (a host lock), so those demotions pass over it
         pins = self.residency.pin(self.residency.restore_plan(key, depth, m.kv_hit_len))
@@ -198,6 +304,18 @@ class HostTier:
             self.residency.restored(done.result.node, depth, key)
         self.residency.touch(key, depth)
         self.stats["loads"] += 1
+
+    def _cheapest(self, cands: list[Candidate], start: int) -> Candidate | None:
+        if not cands:
+            return None
+        rule = self.rule
+        assert rule is not None
+        choice = cheapest(
+            cands, start, lambda c: rule.load_s(c.host_bytes, c.store_bytes), rule.recompute_s
+        )
+        if choice is None:
+            self.stats["recomputed"] += 1
+        return choice
 
     def _load(self, pieces: list[tuple[Key, int, str]]) -> bool:
         """Copy each (key, device unit, tier) in; False if the store missed any (those
@@ -231,7 +349,7 @@ class HostTier:
         """The layer's invariants; nothing queued or in flight; every host unit free or
         held by exactly one key, and the keys holding units are the host LRU's entries;
         the store holds exactly the objects its LRU lists."""
-        if self.queue or self.tiers.unwritten:
+        if self.queue or self.tiers.unwritten or self.fetching:
             raise AssertionError("tier actions left unexecuted or writes unpublished")
         self.residency.check_invariants()
         held: dict[str, list[list[int]]] = {"st": [], "kv": []}
@@ -270,3 +388,7 @@ class TierLookup:
     def before_match(self, req: Request) -> None:
         self.tier.before_match(req)
         self.inner.before_match(req)
+
+    def on_admitted(self, req: Request) -> None:
+        self.tier.residency.hit(req.node)  # write-through counts hits
+        self.inner.on_admitted(req)

@@ -44,6 +44,9 @@ class ByteLRU:
             raise KeyError(key)
         self.pins[key] = self.pins.get(key, 0) + 1
 
+    def pinned(self, key: Hashable) -> bool:
+        return key in self.pins
+
     def unpin(self, key: Hashable) -> None:
         n = self.pins[key] - 1
         if n:
@@ -134,6 +137,9 @@ class LowerTier:
 
     def unpin(self, key: tuple[Hashable, ...]) -> None:
         self.lrus[str(key[0])].unpin(key)
+
+    def pinned(self, key: tuple[Hashable, ...]) -> bool:
+        return self.lrus[str(key[0])].pinned(key)
 
     def distinct(self) -> list[ByteLRU]:
         return list({id(x): x for x in self.lrus.values()}.values())

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from mambaradix.lifecycle.strategy import PAGE_RULE, takes_page
+from mambaradix.lifecycle.tier_write import as_write_policy
 from mambaradix.validate import as_bool, as_positive, as_real, as_type
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ def check_serving_config(cfg: ServingConfig) -> None:
         as_real(getattr(cfg, name), name, low=0)
     for name in ("host_gbps", "store_gbps"):
         as_real(getattr(cfg, name), name, low=0, low_open=True)
+    as_write_policy(cfg.tier_write, "tier_write")
 
 
 def check_inputs(trace: Trace, profile: ModelProfile, cfg: ServingConfig) -> None:

@@ -68,7 +68,8 @@ class ServingConfig:
     sequential: Marconi's discipline (see the module docstring). open_loop:
     every request at its time, not after its session's previous answer
     (`replay.sessions`). host_gb, store_gb: the lower tiers' bytes (0: none), their
-    links' GB/s and microseconds per load (`policies.tier_rules`, published defaults)."""
+    links' GB/s and microseconds per load (`policies.tier_rules`, published defaults).
+    tier_write: when units go down to the host (`lifecycle.tier_write`)."""
 
     memory_gb: float
     state_fraction: float = 0.9 / 1.9
@@ -89,6 +90,7 @@ class ServingConfig:
     host_latency_us: float = DEFAULT_HOST_LATENCY_US
     store_gbps: float = DEFAULT_STORE_GBPS
     store_latency_us: float = DEFAULT_STORE_LATENCY_US
+    tier_write: str = "back"  # `lifecycle.tier_write`: back, through, through-selective
 
     @property
     def tiered(self) -> bool:

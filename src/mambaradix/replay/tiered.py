@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from mambaradix.lifecycle import CacheManager, Request
 from mambaradix.lifecycle.tier_lru import LowerTier
 from mambaradix.lifecycle.tier_restore import restore as restore_through
+from mambaradix.lifecycle.tier_write import as_write_policy
 from mambaradix.lifecycle.tiers import (
     HOST,
     ROOT_HASH,
@@ -45,6 +46,7 @@ from mambaradix.lifecycle.tiers import (
     TierStats,
     TierTracker,
     chain,
+    cheapest,
 )
 from mambaradix.policies import Policy
 from mambaradix.policies.tier_rules import (
@@ -56,7 +58,7 @@ from mambaradix.policies.tier_rules import (
     auto_kv_share,
     load_tiers,
 )
-from mambaradix.tiers.cost import HitCost, Prefill, break_even
+from mambaradix.tiers.cost import HitCost, Prefill, break_even, load_seconds
 
 if TYPE_CHECKING:
     from mambaradix.geometry.profile import ModelProfile
@@ -131,6 +133,7 @@ class TieredCache:
             state_bytes,
             rules.state_groups,
             prompt_only=rules.states == PROMPT_STATES,
+            write=as_write_policy(cfg.tier_write),
         )
         self.residency = Residency(self.tiers, self.tracker, cache.page_size)
         cache.tree.add_listener(self.tracker)
@@ -145,28 +148,23 @@ class TieredCache:
         return self.residency.plan(key, start, kv_on_device)
 
     def load_seconds(self, c: Candidate) -> float:
-        host = self.host_path.links[0]
-        seconds = host.seconds(c.host_bytes + c.store_bytes)
-        if c.store_bytes:
-            seconds += self.store_path.links[0].seconds(c.store_bytes)
-        return seconds
+        host, store = self.host_path.links[0], self.store_path.links[0]
+        return load_seconds(host, store, c.host_bytes, c.store_bytes)
+
+    def recompute_seconds(self, start: int, units: int) -> float:
+        flops = self.profile.prefill_flops(start * self.unit, units * self.unit)
+        return flops / self.cfg.prefill_flops_per_s
 
     def pick(self, cands: list[Candidate], start: int) -> Candidate | None:
-        """The rule's choice: the most seconds saved (COST; None when recomputing is
-        cheaper for every candidate) or the deepest (DEEPEST)."""
+        """The rule's choice: the most seconds saved (COST, `lifecycle.tiers.cheapest`;
+        None when recomputing is cheaper for every candidate) or the deepest (DEEPEST)."""
         if not cands:
             return None
-        rate = self.cfg.prefill_flops_per_s
-        for c in cands:
-            new = (c.depth - start) * self.unit
-            c.load_s = self.load_seconds(c)
-            c.saved_s = self.profile.prefill_flops(start * self.unit, new) / rate - c.load_s
+        best = cheapest(cands, start, self.load_seconds, self.recompute_seconds)
         if self.rules.choose != COST:
             return cands[-1]
-        best = max(cands, key=lambda c: c.saved_s)
-        if best.saved_s <= 0:
+        if best is None:
             self.tiers.stats.recomputed += 1
-            return None
         return best
 
     def usable(self, key: Any, depth: int, kv_on_device: int) -> bool:
@@ -269,3 +267,7 @@ class TierHooks:
     def before_match(self, req: Request) -> None:
         self.tiered.before_match(req)
         self.inner.before_match(req)
+
+    def on_admitted(self, req: Request) -> None:
+        self.tiered.residency.hit(req.node)  # write-through counts hits
+        self.inner.on_admitted(req)

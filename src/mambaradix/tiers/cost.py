@@ -41,12 +41,14 @@ __all__ = [
     "H200_PREFILL",
     "HitCost",
     "Link",
+    "LoadRule",
     "PCIE5_X16",
     "Prefill",
     "TIERS",
     "Tier",
     "break_even",
     "load_s",
+    "load_seconds",
     "recompute_s",
 ]
 
@@ -112,10 +114,12 @@ class HitCost:
         """Bytes a hit of `n` tokens loads: the state and `n` tokens of KV."""
         return self.state_bytes + _count(n, "n") * self.kv_bytes_per_token
 
-    def prefill_flops(self, n: int) -> int:
-        """FLOPs of prefilling `n` tokens from scratch (causal attention)."""
-        n = _count(n, "n")
-        return self.linear_flops_per_token * n + self.attn_flops_per_pair * n * (n + 1) // 2
+    def prefill_flops(self, n: int, context: int = 0) -> int:
+        """FLOPs of prefilling `n` tokens after `context` cached ones (causal attention:
+        each new token attends to the context and to the new tokens up to itself)."""
+        n, context = _count(n, "n"), _count(context, "context")
+        pairs = n * context + n * (n + 1) // 2
+        return self.linear_flops_per_token * n + self.attn_flops_per_pair * pairs
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,15 @@ class Prefill:
     @property
     def flops_per_s(self) -> float:
         return self.peak_flops * self.mfu
+
+
+def load_seconds(host: Link, store: Link, host_bytes: int, store_bytes: int) -> float:
+    """Seconds a load takes that reads `host_bytes` from the host and `store_bytes` from
+    the store: every byte crosses the host link, the store's cross the store link first."""
+    seconds = host.seconds(host_bytes + store_bytes)
+    if store_bytes:
+        seconds += store.seconds(store_bytes)
+    return seconds
 
 
 # --------------------------------------------------------------------------- published figures
@@ -271,3 +284,30 @@ def break_even(model: HitCost, tier: Tier, prefill: Prefill) -> int | None:
 
 def _wins(model: HitCost, tier: Tier, prefill: Prefill, n: int) -> bool:
     return load_s(model, tier, n) < recompute_s(model, prefill, n)
+
+
+@dataclass(frozen=True)
+class LoadRule:
+    """The figures of the per-hit choice to load or recompute where no replay profile is
+    at hand (the engine's `tier_cost`): the model's FLOPs (`HitCost`), the prefill rate,
+    and the links a load crosses (host -> device, store -> host). The choice itself is
+    `lifecycle.tiers.cheapest`, the replay's too."""
+
+    model: HitCost
+    prefill: Prefill
+    host: Link = PCIE5_X16
+    store: Link = NVME_GEN5
+
+    def __post_init__(self) -> None:
+        for name, kind in (("model", HitCost), ("prefill", Prefill), ("host", Link)):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        if not isinstance(self.store, Link):
+            raise TypeError(f"store must be a Link, got {self.store!r}")
+
+    def load_s(self, host_bytes: int, store_bytes: int) -> float:
+        return load_seconds(self.host, self.store, host_bytes, store_bytes)
+
+    def recompute_s(self, context: int, n: int) -> float:
+        """Seconds to prefill `n` tokens after `context` cached ones."""
+        return self.model.prefill_flops(n, context) / self.prefill.flops_per_s
