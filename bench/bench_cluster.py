@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mambaradix.geometry.profile import ModelProfile, get_profile
 from mambaradix.replay.cluster import Cluster, ClusterSpec, cluster_replay
 from mambaradix.replay.cluster_cli import table
-from mambaradix.replay.models import ModelProfile, get_profile
 from mambaradix.replay.routers import ROUTERS, make_router
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig

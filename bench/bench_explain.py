@@ -17,9 +17,9 @@ import argparse
 import statistics
 import time
 
+from mambaradix.geometry.profile import get_profile
+from mambaradix.policies import SINGLE_RUN
 from mambaradix.replay.explain import explain, ideal
-from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import SINGLE_RUN
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.workloads import load

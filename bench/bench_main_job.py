@@ -104,9 +104,9 @@ def parts(
     t = clock()
     sys.path.insert(0, str(SRC))
     from mambaradix import BUILD
+    from mambaradix.geometry.profile import load_profile
+    from mambaradix.policies import DEFAULT_RUN
     from mambaradix.replay.bound import bound_token_hit_rate
-    from mambaradix.replay.models import load_profile
-    from mambaradix.replay.policies import DEFAULT_RUN
     from mambaradix.replay.run import replay_checked
     from mambaradix.replay.serving import ServingConfig
     from mambaradix.replay.sweep import plot
@@ -161,7 +161,7 @@ LAYERS = (  # the first prefix of a function's module path decides its layer
     ("replay/memory", "pools"),
     ("scheduler/", "scheduler"),
     ("lifecycle/", "lifecycle"),
-    ("replay/policies/", "the policy's own"),
+    ("policies/", "the policy's own"),
     ("replay/vllm_", "the policy's own"),
     ("replay/", "replay model"),
 )
@@ -175,7 +175,7 @@ def layers(memories: list[float], policies: list[str], limit: int | None) -> int
 
     sys.path.insert(0, str(SRC))
     from mambaradix import BUILD
-    from mambaradix.replay.models import load_profile
+    from mambaradix.geometry.profile import load_profile
     from mambaradix.replay.run import replay_checked
     from mambaradix.replay.serving import ServingConfig
     from mambaradix.replay.workloads import load

@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from mambaradix.core.tree import MambaRadixCache  # noqa: E402
-from mambaradix.replay.models import get_profile  # noqa: E402
+from mambaradix.geometry.profile import get_profile  # noqa: E402
 from mambaradix.replay.results import ReplayResult  # noqa: E402
 from mambaradix.replay.run import _replay  # noqa: E402
 from mambaradix.replay.serving import ServingConfig  # noqa: E402

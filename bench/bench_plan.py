@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from mambaradix.replay.models import load_profile
+from mambaradix.geometry.profile import load_profile
 from mambaradix.replay.plan import DEFAULT_HOST_COST, Goal, plan
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.workloads import load

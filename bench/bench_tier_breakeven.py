@@ -48,10 +48,10 @@ import torch  # noqa: E402
 from mambaradix.engine import build_model  # noqa: E402
 from mambaradix.engine.adapter import PoolAdapter  # noqa: E402
 from mambaradix.geometry import PRESETS, engine_state_dtypes, figures  # noqa: E402
+from mambaradix.geometry.profile import PROFILES, get_profile  # noqa: E402
 from mambaradix.pools.host import HostKVPool, HostStatePool, kv_group, state_group  # noqa: E402
 from mambaradix.pools.store_io import StoreIO, cache_namespace  # noqa: E402
 from mambaradix.pools.transfer import Mover  # noqa: E402
-from mambaradix.replay.models import PROFILES, get_profile  # noqa: E402
 from mambaradix.tiers import FileStore, page_hashes  # noqa: E402
 from mambaradix.tiers.cost import (  # noqa: E402
     H100_PREFILL,

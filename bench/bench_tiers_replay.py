@@ -25,8 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from mambaradix.geometry.profile import get_profile  # noqa: E402
 from mambaradix.replay.bound import bound_token_hit_rate  # noqa: E402
-from mambaradix.replay.models import get_profile  # noqa: E402
 from mambaradix.replay.run import replay  # noqa: E402
 from mambaradix.replay.serving import ServingConfig  # noqa: E402
 from mambaradix.replay.trace import Trace  # noqa: E402

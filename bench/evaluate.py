@@ -36,7 +36,7 @@ plus the classes where our policy was weakest on unseen traces (`TIGHT`):
 Qwen3-Next-80B-A3B's state (`serving-qwen3-next`), and `synthetic-two-turn`
 (80 two-turn chats of short prompts: in the sequential discipline the
 backlog puts many newer first turns between a chat's two turns). Our policy's
-constants were set on that material only (`mambaradix/replay/policies/constants.py`).
+constants were set on that material only (`mambaradix/policies/constants.py`).
 
 `--only` and `--disciplines` run a part of the points (every row at each).
 
@@ -58,11 +58,11 @@ from pathlib import Path
 from typing import Any
 
 from mambaradix.cli.signals import as_interrupts, exit_code, said
+from mambaradix.geometry.profile import get_profile
+from mambaradix.policies import ABLATIONS, ORACLE
+from mambaradix.policies.constants import RANK_SAMPLE
 from mambaradix.replay.bound import bound_token_hit_rate
 from mambaradix.replay.forked import run_forked
-from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import ABLATIONS, ORACLE
-from mambaradix.replay.policies.constants import RANK_SAMPLE
 from mambaradix.replay.run import oracle_pick, oracle_runs, replay
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace

@@ -6,7 +6,7 @@ models' per-layer geometry (`mambaradix.geometry`).
 
 from __future__ import annotations
 
-from mambaradix.replay.models import PROFILES, ModelProfile
+from mambaradix.geometry.profile import PROFILES, ModelProfile
 
 SHOWN = ("nemotron-h-8b", "qwen3-next-80b-a3b", "jamba-1.5-mini", "marconi-7b")
 

@@ -14,8 +14,8 @@ import json
 import time
 from pathlib import Path
 
-from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import DEFAULT_RUN
+from mambaradix.geometry.profile import get_profile
+from mambaradix.policies import DEFAULT_RUN
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.sweep import sweep
 from mambaradix.replay.workloads import load

@@ -19,8 +19,8 @@ from typing import Any
 import mambaradix.core.tree as tree_mod
 import mambaradix.core.unified as unified
 from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_0_5_23
-from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import SGLang, SGLangExtraBuffer
+from mambaradix.geometry.profile import get_profile
+from mambaradix.policies import SGLang, SGLangExtraBuffer
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.workloads import load
 

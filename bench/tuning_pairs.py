@@ -29,7 +29,7 @@ from evaluate import (  # noqa: E402
     fold_rates,
     load_chitchat_heldout,
 )
-from mambaradix.replay.models import get_profile  # noqa: E402
+from mambaradix.geometry.profile import get_profile  # noqa: E402
 from mambaradix.replay.run import replay  # noqa: E402
 from mambaradix.replay.serving import ServingConfig  # noqa: E402
 

@@ -31,6 +31,7 @@ from typing import Any
 from lifecycle_oracle import DriverMismatch
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager
+from mambaradix.policies import SGLang
 from mambaradix.pools import (
     FingerprintStatePool,
     PagedKVAllocator,
@@ -42,7 +43,6 @@ from mambaradix.scheduler import (
     SchedulerConfig,
     ScriptedForward,
     Sequence,
-    SGLangCheckpoints,
 )
 from mambaradix.scheduler.loop import STALLED, Scheduler
 from mambaradix.scheduler.sequence import ABORTED, FINISHED
@@ -148,7 +148,7 @@ def _side(name: str, cache: Any, cfg: Config) -> Side:
     )
     side = Side(name, cache, None)  # type: ignore[arg-type]
     side.sched = Scheduler(
-        cache, ScriptedForward(), SGLangCheckpoints(), sched_cfg, lambda: 0.0, side.done.append
+        cache, ScriptedForward(), SGLang(), sched_cfg, lambda: 0.0, side.done.append
     )
     return side
 

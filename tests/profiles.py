@@ -3,7 +3,7 @@ work out by hand."""
 
 from __future__ import annotations
 
-from mambaradix.replay.models import ModelProfile
+from mambaradix.geometry.profile import ModelProfile
 
 # 1000 B of KV per token, a 20 kB state. vLLM's block is the attention block padded to
 # one state's bytes: ceil(20000 / 1000) = 20 tokens, rounded up to a multiple of 16 -> 32.

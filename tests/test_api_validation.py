@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from mambaradix.demo import run_demo
+from mambaradix.geometry.profile import ModelProfile, get_profile
+from mambaradix.policies import make_policy
 from mambaradix.replay.cluster import ClusterSpec
-from mambaradix.replay.models import ModelProfile, get_profile
-from mambaradix.replay.policies import make_policy
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.sweep import sweep
@@ -315,8 +315,27 @@ ENGINE_BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"seed": 1.0}, TypeError, "seed must be an int, got float"),
     ({"seed": 2**64}, ValueError, "seed must be < 2\\*\\*64"),  # torch.manual_seed's range
     ({"dtype": torch.float8_e4m3fn}, TypeError, "dtype must be torch.float32, torch.bfloat"),
-    ({"checkpoints": 1}, TypeError, "checkpoints must be None or a CheckpointPolicy"),
-    ({"evictor": 1}, TypeError, "evictor must be a callable"),
+    ({"policy": 1}, TypeError, "policy must be None, a policy name or a mambaradix.policies"),
+    ({"policy": "vllm"}, ValueError, "policy 'vllm' lays out its own memory"),
+    ({"policy": "vllm@dense"}, ValueError, "policy 'vllm@dense' lays out its own memory"),
+    (
+        {"policy": "mambardix"},
+        ValueError,
+        "policy 'mambardix' is not a policy the engine runs; choose from sglang, .*, marconi, "
+        "mambaradix, .*default; did you mean 'mambaradix'\\?$",
+    ),
+    ({"policy": "marconi-oracle"}, ValueError, "policy 'marconi-oracle' is not a policy the"),
+    ({"policy": "sglang-used"}, ValueError, "policy 'sglang-used' was retired"),
+    (
+        {"policy": "mambaradix", "strategy": "extra_buffer"},
+        ValueError,
+        "strategy 'extra_buffer' differs from policy 'mambaradix''s 'no_buffer'",
+    ),
+    (
+        {"policy": "sglang", "compat": "sglang-0.5.15.post1"},
+        ValueError,
+        "compat 'sglang-0.5.15.post1' differs from policy 'sglang''s tree",
+    ),
     ({"sglang_rules": "yes"}, ValueError, "sglang_rules must be an SGLang release name, got 'yes'"),
     (
         {"sglang_rules": 1},

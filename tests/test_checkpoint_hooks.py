@@ -8,11 +8,11 @@ from array import array
 
 from mambaradix.engine.deterministic import GridCheckpoints
 from mambaradix.lifecycle import Request
+from mambaradix.policies import Policy, SGLang
 from mambaradix.replay.explain.observe import Recorder
-from mambaradix.scheduler import CheckpointPolicy, SGLangCheckpoints
 
 
-class Calls(SGLangCheckpoints):
+class Calls(SGLang):
     def __init__(self) -> None:
         self.calls: list[tuple[str, Request]] = []
 
@@ -23,7 +23,7 @@ class Calls(SGLangCheckpoints):
         self.calls.append(("on_abort", req))
 
 
-def wrappers(inner: CheckpointPolicy) -> list[CheckpointPolicy]:
+def wrappers(inner: Policy) -> list[Policy]:
     return [
         GridCheckpoints(inner, 4),
         Recorder(inner, frozenset(), lambda r: None, lambda r: None),
@@ -44,6 +44,6 @@ def test_every_wrapper_passes_both_hooks_on() -> None:
 def test_the_base_hooks_do_nothing() -> None:
     req = Request(array("q", [1, 2]))
     before = dict(vars(req))
-    SGLangCheckpoints().before_match(req)
-    SGLangCheckpoints().on_abort(req)
+    SGLang().before_match(req)
+    SGLang().on_abort(req)
     assert vars(req) == before

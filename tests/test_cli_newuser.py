@@ -257,8 +257,8 @@ def help_text(capsys: pytest.CaptureFixture[str], command: str) -> str:
 
 
 def test_replay_help_lists_the_choices_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
-    from mambaradix.replay.models import PROFILES
-    from mambaradix.replay.policies import POLICIES
+    from mambaradix.geometry.profile import PROFILES
+    from mambaradix.policies import POLICIES
     from mambaradix.replay.workloads import BUNDLED
 
     text = help_text(capsys, "replay")

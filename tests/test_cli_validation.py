@@ -160,7 +160,7 @@ def test_replay_memory_too_small_for_any_request(
     # request of P blocks and N = ceil(output_length / 512) output blocks is
     # admitted alone when P + N + 1 stays below the pool: it needs P + N + 2
     # units. The largest of the first 50 is the one with the most.
-    from mambaradix.replay.models import get_profile
+    from mambaradix.geometry.profile import get_profile
     from mambaradix.replay.workloads._io import data_file, json_lines
 
     rows = [obj for _, obj in json_lines(data_file("mooncake", "conversation_trace.jsonl.gz"))][:50]
@@ -185,7 +185,7 @@ def test_replay_too_few_states_for_extra_buffer(
     # marconi-7b at 0.2 GB, default split: int(0.2e9 x 9/19) // 26,804,224 B = 3
     # states; an extra_buffer request that reuses a state holds it, its copy
     # and two track slots.
-    from mambaradix.replay.models import get_profile
+    from mambaradix.geometry.profile import get_profile
 
     states = int(0.2e9 * 0.9 / 1.9) // get_profile("marconi-7b").state_bytes
     assert states == 3
@@ -202,7 +202,7 @@ def test_replay_memory_advice_serves_every_policy_of_the_run(
     # states, too few for sglang (first in the list, 2 states). The advice must be
     # the memory that serves the whole run: sglang-extra-buffer needs 4 states,
     # 4 x 26,804,224 / (9/19) B, so at least 0.23 GB; that much runs.
-    from mambaradix.replay.models import get_profile
+    from mambaradix.geometry.profile import get_profile
 
     need = 4 * get_profile("marconi-7b").state_bytes / (0.9 / 1.9) / 1e9
     args = ["--model", "marconi-7b", "--policy", "sglang,sglang-extra-buffer", "--no-progress"]
@@ -277,7 +277,7 @@ def test_replay_page_size_leaves_out_no_buffer_policies(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # the default: all but marconi-oracle and the older SGLang release's rows
-    from mambaradix.replay.policies import DEFAULT_RUN
+    from mambaradix.policies import DEFAULT_RUN
 
     args = ["replay", "--trace", "tiny.jsonl", "--model", "marconi-7b", "--memory", "1"]
     args += ["--page-size", "16", "--workers", "1", "--no-progress", "--json", "r.json"]

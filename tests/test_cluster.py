@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from mambaradix.geometry.profile import get_profile
 from mambaradix.index import Indexer, Overlap
+from mambaradix.policies import SINGLE_RUN
 from mambaradix.replay.cluster import Cluster, ClusterSpec, cluster_replay, routable
-from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import SINGLE_RUN
 from mambaradix.replay.routers import (
     ROUTERS,
     Hybrid,

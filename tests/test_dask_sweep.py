@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from mambaradix.cli import main
+from mambaradix.geometry.profile import get_profile
 from mambaradix.replay.cluster import ClusterSpec
 from mambaradix.replay.executors import DaskExecutor, dask_address
-from mambaradix.replay.models import get_profile
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.sweep import sweep
 from mambaradix.replay.workloads import multi_turn

@@ -1,8 +1,10 @@
-"""The engine and the replay run the same driver: on the same requests, pool
-sizes, chunk size, page size, strategy and policy, the engine's cached tokens
-per request equal what `mambaradix replay` predicts, to the token (the engine
-runs the real model; the replay runs virtual time over the engine's own
-prompts and answers). Both models, both strategies, with memory pressure."""
+"""The engine and the replay run the same driver and the same policies: on the same
+requests, pool sizes, chunk size, page size, strategy and policy (`Engine(policy=name)`,
+and a fresh copy of it in the replay), the engine's cached tokens per request equal what
+`mambaradix replay` predicts, to the token (the engine runs the real model; the replay
+runs virtual time over the engine's own prompts and answers), and the engine's outputs
+equal those of the same engine with the cache off (fp32: exact). Both models, both
+strategies, the cost-aware policies (ours, Marconi) included, with memory pressure."""
 
 from __future__ import annotations
 
@@ -12,29 +14,20 @@ from typing import Any
 import pytest
 import torch
 
-from mambaradix.compare import replay_prediction, unit_profile
+from mambaradix.compare import replay_prediction
 from mambaradix.engine import Engine, build_model
 from mambaradix.engine.workload import run_conversations
-from mambaradix.replay.policies import (
-    DefaultPolicy,
-    MambaRadix,
-    PolicyContext,
-    SGLang,
-    SGLang0515,
-    SGLang0515ExtraBuffer,
-    SGLangExtraBuffer,
-)
 
 pytestmark = pytest.mark.slow  # engine runs: a real model, seconds each
 
 CASES = [
     # (policy, engine keyword arguments)
-    (DefaultPolicy, {"kv_tokens": 420, "state_slots": 10, "chunk_size": 32}),
-    (SGLang, {"compat": "sglang", "kv_tokens": 420, "state_slots": 12, "chunk_size": 32}),
+    ("default", {"kv_tokens": 420, "state_slots": 10, "chunk_size": 32}),
+    ("sglang", {"compat": "sglang", "kv_tokens": 420, "state_slots": 12, "chunk_size": 32}),
     # SGLang 0.5.23 (compat "sglang") keeps no 3 free slots per request: less KV than
     # for 0.5.15.post1 above, so that it evicts
     (
-        SGLangExtraBuffer,
+        "sglang-extra-buffer",
         {
             "compat": "sglang",
             "strategy": "extra_buffer",
@@ -45,7 +38,7 @@ CASES = [
         },
     ),
     (
-        SGLangExtraBuffer,
+        "sglang-extra-buffer",
         {
             "compat": "sglang",
             "strategy": "extra_buffer",
@@ -59,7 +52,7 @@ CASES = [
     # a page that does not divide SGLang's 64-token mamba chunk: both round the
     # chunk up to whole pages (66); 0.5.23 tracks decode states on lcm(66, interval)
     (
-        SGLangExtraBuffer,
+        "sglang-extra-buffer",
         {
             "compat": "sglang",
             "strategy": "extra_buffer",
@@ -70,17 +63,20 @@ CASES = [
             "track_interval": 66,
         },
     ),
-    (MambaRadix, {"kv_tokens": 420, "state_slots": 10, "chunk_size": 32}),
+    ("mambaradix", {"kv_tokens": 420, "state_slots": 10, "chunk_size": 32}),
     # ours where every state slot is contended: admission compares with the
     # state it would displace, and eviction ranks by learned value
-    (MambaRadix, {"kv_tokens": 360, "state_slots": 6, "chunk_size": 16}),
+    ("mambaradix", {"kv_tokens": 360, "state_slots": 6, "chunk_size": 16}),
+    # Marconi (alpha fixed at 0 in both: no tuner), and at another fixed alpha
+    ("marconi", {"kv_tokens": 420, "state_slots": 10, "chunk_size": 32}),
+    ("marconi@1.0", {"kv_tokens": 360, "state_slots": 6, "chunk_size": 16}),
     # the older release's rows (sglang-0.5.15.post1*): its 3 free slots per request evict
     (
-        SGLang0515,
+        "sglang-0.5.15.post1",
         {"compat": "sglang-0.5.15.post1", "kv_tokens": 420, "state_slots": 12, "chunk_size": 32},
     ),
     (
-        SGLang0515ExtraBuffer,
+        "sglang-0.5.15.post1-extra-buffer",
         {
             "compat": "sglang-0.5.15.post1",
             "strategy": "extra_buffer",
@@ -112,33 +108,16 @@ def sessions(seed: int) -> list[list[list[int]]]:
     ]
 
 
-def attach(policy: Any, eng: Engine) -> None:
-    """The engine's policy sees what the replay's will: the unit profile,
-    1-token units, the engine's own pools."""
-    mgr = eng.mgr
-    ctx = PolicyContext(
-        unit_profile(),
-        1,
-        32,
-        1,
-        mgr.kv.capacity,
-        mgr.slots.capacity,
-        mgr.slots.available_size,
-        tree=mgr.tree,
-    )
-    policy.attach(ctx)
-
-
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_engine_cached_tokens_equal_the_replay_prediction(net: Any, case: int) -> None:
-    policy_cls, kw = CASES[case]
+    policy, kw = CASES[case]
     model = net.config.model_type.replace("_", "-") + "-tiny"
-    policy = policy_cls()
-    eng = Engine(model=model, net=net, checkpoints=policy, evictor=policy.evict, **kw)
-    attach(policy, eng)
+    eng = Engine(model=model, net=net, policy=policy, **kw)
     run = run_conversations(eng, sessions(case), max_new_tokens=12)
     eng.check()
     cached = [r.cached_tokens for turns in run.results for r in turns]
-    predicted = replay_prediction(run, eng, policy_cls())
-    assert cached == predicted
+    assert cached == replay_prediction(run, eng)  # a fresh copy of the same policy
     assert sum(cached) > 0 and eng.stats()["evictions"] > 0  # hits, under pressure
+    off = Engine(model=model, net=net, prefix_cache=False, **kw)
+    uncached = run_conversations(off, sessions(case), max_new_tokens=12)
+    assert run.output_ids() == uncached.output_ids()  # fp32: exact

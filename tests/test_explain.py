@@ -20,18 +20,18 @@ from pathlib import Path
 import pytest
 
 from mambaradix.cli import main
+from mambaradix.geometry.profile import get_profile
+from mambaradix.policies import POLICIES, SINGLE_RUN
+from mambaradix.policies.base import BasePolicy
+from mambaradix.policies.kinds import CHUNK
 from mambaradix.replay.bound import bound_hit_tokens
 from mambaradix.replay.cluster import ClusterSpec, cluster_replay
 from mambaradix.replay.explain import CATEGORIES, Explanation, Seen, explain, ideal
 from mambaradix.replay.explain.attribute import categories
-from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import POLICIES, SINGLE_RUN
-from mambaradix.replay.policies.base import Policy
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.replay.workloads import load, multi_turn, shared_prefix
-from mambaradix.scheduler import CHUNK
 
 PROFILE = get_profile("nemotron-h-8b")
 BIG = ServingConfig(1.0, kv_units=100_000, state_slots=64)
@@ -257,7 +257,7 @@ def test_categories_add_up_on_bundled_traces_paged_and_instanced() -> None:
 @pytest.mark.slow
 def test_only_an_admission_refuses() -> None:
     """Refusals are counted for a policy that weighs its checkpoints (ours) and
-    for no other: `Policy.admission_kinds`."""
+    for no other: `BasePolicy.admission_kinds`."""
     trace = load("synthetic-agent")
     for policy in SINGLE_RUN:
         e = explain(trace, PROFILE, policy, ServingConfig(1.0))
@@ -397,7 +397,7 @@ def test_no_checkpoint_at_the_branch_point() -> None:
     assert only(e, 1) == {"no_checkpoint": 60}
 
 
-class RefusesChunks(Policy):
+class RefusesChunks(BasePolicy):
     """SGLang's checkpoints, but an admission that refuses every chunk end."""
 
     name = "refuses-chunks"

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from mambaradix.cli import main
+from mambaradix.policies import SINGLE_RUN, TIER_ROWS
 from mambaradix.replay.cluster import ClusterSpec, cluster_replay
 from mambaradix.replay.explain import Explanation, explain
-from mambaradix.replay.policies import SINGLE_RUN, TIER_ROWS
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace

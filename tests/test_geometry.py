@@ -252,7 +252,7 @@ def test_engine_pools_match_the_preset_geometry() -> None:
     # transformers' own cache, probed on one token, against the geometry-derived slot
     from mambaradix.engine.adapter import PoolAdapter
     from mambaradix.engine.models import build_model, state_geometry
-    from mambaradix.replay.models import get_profile
+    from mambaradix.geometry.profile import get_profile
 
     for name in PRESETS:
         probe = PoolAdapter(build_model(name), kv_tokens=8, state_slots=2)

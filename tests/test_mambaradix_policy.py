@@ -11,12 +11,12 @@ import pytest
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.tree import MambaRadixCache
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.lifecycle import Request
-from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.policies import MambaRadix, PolicyContext, make_policy
-from mambaradix.replay.policies.density import HitDensity, age_bin
-from mambaradix.replay.policies.items import Items
-from mambaradix.scheduler import FINISH, STOP
+from mambaradix.policies import MambaRadix, PolicyContext, make_policy
+from mambaradix.policies.density import HitDensity, age_bin
+from mambaradix.policies.items import Items
+from mambaradix.policies.kinds import FINISH, STOP
 
 # 1 FLOP per token and per attention pair: F(L) = L + L (L + 1) / 2.
 UNIT = ModelProfile("unit", "hand-built", 10, 100, 1, 1)

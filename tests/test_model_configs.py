@@ -26,7 +26,7 @@ import pytest
 from hf_configs import CONFIGS, DATA, write
 from mambaradix.cli import main
 from mambaradix.geometry.hf import from_config, load_geometry
-from mambaradix.replay.models import PROFILES, load_profile, profile_from_config
+from mambaradix.geometry.profile import PROFILES, load_profile, profile_from_config
 
 GDN_QWEN = (2 * 16 * 128 + 32 * 128) * 3 * 2 + 32 * 128 * 128 * 4  # Qwen3-Next / 3.5 layer
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mambaradix.replay.models import PROFILES, ModelProfile, get_profile, profile_from_geometry
-from mambaradix.replay.policies import VLLM
+from mambaradix.geometry.profile import PROFILES, ModelProfile, get_profile, profile_from_geometry
+from mambaradix.policies import VLLM
 
 REAL = ("nemotron-h-8b", "qwen3-next-80b-a3b", "jamba-1.5-mini")
 
@@ -261,7 +261,7 @@ def test_real_profiles_cite_config_and_sglang() -> None:
 def test_marconi_state_versus_real_model_is_documented() -> None:
     doc = ModelProfile.__doc__ or ""
     assert "F(context + new) - F(context)" in doc
-    from mambaradix.replay import models
+    from mambaradix.geometry import profile as models
 
     marconi_doc = models._marconi_7b.__doc__ or ""
     assert "expand" in marconi_doc and "get_mlp_flops" in marconi_doc

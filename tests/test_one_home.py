@@ -43,14 +43,14 @@ def test_the_strategy_names_are_declared_once() -> None:
 
 
 def test_the_scheduler_hooks_are_called_not_probed() -> None:
-    """`before_match`, `on_abort` (CheckpointPolicy) and `pass_steps` (Forward) are declared."""
+    """`before_match`, `on_abort` (`policies.Policy`) and `pass_steps` (Forward) are declared."""
     probe = re.compile(r"getattr\([^)]*[\"'](before_match|on_abort|pass_steps)[\"']")
     found = [(p, i, s) for p, i, s in lines() if probe.search(s)]
     assert found == [], where(found)
 
 
 # The optional capabilities of pools (`pools.defaults`, the `lifecycle.manager` protocols)
-# and replay policies (`replay.policies.base.Policy`): declared with a default, never probed.
+# and replay policies (`policies.base.BasePolicy`): declared with a default, never probed.
 CAPABILITIES = (
     "free_list_size",
     "reclaims_cache",
@@ -64,7 +64,7 @@ CAPABILITY_PROBE = re.compile(
     r"(getattr|hasattr)\([^)]*[\"'](" + "|".join(CAPABILITIES) + r")[\"']"
 )
 # A list of method names checked one by one: what `isinstance` on a runtime-checkable
-# Protocol says (the tree's owner and listeners, the engine's `checkpoints`).
+# Protocol says (the tree's owner and listeners, the engine's `policy`).
 METHOD_PROBE = re.compile(r"callable\(getattr\(")
 
 

@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from mambaradix.cli import main
+from mambaradix.geometry.profile import load_profile
+from mambaradix.policies.tier_rules import auto_kv_share
 from mambaradix.replay.bound import bound_token_hit_rate
-from mambaradix.replay.models import load_profile
 from mambaradix.replay.plan import Goal, plan
 from mambaradix.replay.plan.frontier import pareto
 from mambaradix.replay.plan.search import geometric
 from mambaradix.replay.plan.space import Setting, footprint, least_gb, settings
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig
-from mambaradix.replay.tier_rules import auto_kv_share
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.replay.workloads import load
 from mambaradix.replay.workloads.jsonl import save_jsonl

@@ -6,10 +6,10 @@ from __future__ import annotations
 from array import array
 
 from mambaradix.lifecycle.manager import KVAllocator, SlotAllocator
+from mambaradix.policies.vllm_pool import BlockPool, PoolKV
 from mambaradix.pools import PagedKVAllocator, ReqToTokenTable, StateSlotAllocator
 from mambaradix.pools import TokenKVAllocator as TokenKV
 from mambaradix.replay.memory import BudgetedKV, BudgetedSlots, SharedBudget
-from mambaradix.replay.vllm_pool import BlockPool, PoolKV
 
 
 def test_a_token_pool_has_the_defaults() -> None:

@@ -24,10 +24,8 @@ from dataclasses import replace
 import pytest
 
 from mambaradix.core.tree import MambaRadixCache
-from mambaradix.pools import StateSlotAllocator, TokenKVAllocator
-from mambaradix.replay.bound import bound_hit_tokens, bound_token_hit_rate
-from mambaradix.replay.models import ModelProfile, get_profile
-from mambaradix.replay.policies import (
+from mambaradix.geometry.profile import ModelProfile, get_profile
+from mambaradix.policies import (
     ORACLE,
     POLICIES,
     TIER_ROWS,
@@ -36,6 +34,8 @@ from mambaradix.replay.policies import (
     PolicyContext,
     make_policy,
 )
+from mambaradix.pools import StateSlotAllocator, TokenKVAllocator
+from mambaradix.replay.bound import bound_hit_tokens, bound_token_hit_rate
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace, TraceRequest
@@ -135,6 +135,9 @@ RETRY_HITS = {
     # mambaradix: the 1st already checkpoints its last prompt token (n_in - 1 =
     # 39), so the 2nd (and 3rd) hit 39 = input - 1, the most possible.
     "mambaradix": [0, 39, 39],
+    # default (the engine's): a stop at input - 1 = 39 (the prompt end 40 is not
+    # kept), finish at 69: the 2nd and 3rd hit 39.
+    "default": [0, 39, 39],
 }
 
 # (b) A two-turn session: turn 2's prompt = turn 1's prompt (40) + answer (30) +
@@ -155,6 +158,7 @@ SESSION_HITS = {
     "vllm-0.20-all": [0, 69 // BLOCK * BLOCK],
     "marconi": [0, 69],
     "mambaradix": [0, 69],
+    "default": [0, 69],
 }
 
 # (c) Four single-turn requests sharing a 50-token system prompt, each with its
@@ -188,6 +192,9 @@ SHARED_HITS = {
     # input - 1 (59) and the finish (64): the 2nd reaches 40, checkpoints its
     # branch point 50, and the 3rd and 4th hit 50.
     "mambaradix": [0, 40, 50, 50],
+    # default: chunk ends 20, 40, input - 1 (59), finish (64); the 2nd reaches 40 and
+    # stops at its branch point 50 (where its prompt leaves the cached KV): 50 after.
+    "default": [0, 40, 50, 50],
 }
 
 

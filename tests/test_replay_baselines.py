@@ -15,12 +15,12 @@ from array import array
 
 import pytest
 
+from mambaradix.geometry.profile import get_profile
 from mambaradix.lifecycle import Request
+from mambaradix.policies import ORACLE, POLICIES, PolicyContext, VLLM020All, make_policy
+from mambaradix.policies.constants import ORACLE_ALPHAS
+from mambaradix.policies.vllm import VLLM
 from mambaradix.replay.bound import bound_hit_tokens
-from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import ORACLE, POLICIES, PolicyContext, VLLM020All, make_policy
-from mambaradix.replay.policies.constants import ORACLE_ALPHAS
-from mambaradix.replay.policies.vllm import VLLM
 from mambaradix.replay.run import oracle_runs, replay
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.sweep import sweep

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from mambaradix.cli import main
-from mambaradix.replay.models import get_profile
+from mambaradix.geometry.profile import get_profile
 
 # The hand-worked trace (token ids, one unit per token), 100 s apart so that
 # nothing overlaps:

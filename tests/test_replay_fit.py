@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from mambaradix.cli import main
+from mambaradix.geometry.profile import ModelProfile, get_profile
+from mambaradix.policies import SINGLE_RUN, make_policy
 from mambaradix.replay.checks import (
     policy_own_memory,
     policy_shared_budget,
@@ -22,8 +24,6 @@ from mambaradix.replay.checks import (
     policy_strategy,
 )
 from mambaradix.replay.fit import TRACK_SLOTS, check_memory, fit, policy_fit, pools_for
-from mambaradix.replay.models import ModelProfile, get_profile
-from mambaradix.replay.policies import SINGLE_RUN, make_policy
 from mambaradix.replay.results import ReplayResult
 from mambaradix.replay.run import replay, replay_checked
 from mambaradix.replay.serving import ServingConfig, ServingModel

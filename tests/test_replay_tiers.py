@@ -9,12 +9,12 @@ from array import array
 
 import pytest
 
-from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import DefaultPolicy, make_policy
+from mambaradix.geometry.profile import get_profile
+from mambaradix.policies import DefaultPolicy, make_policy
+from mambaradix.policies.tier_rules import DEEPEST, TierRules
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import Outcome, ServingConfig, ServingModel
 from mambaradix.replay.tier_lru import ByteLRU
-from mambaradix.replay.tier_rules import DEEPEST, TierRules
 from mambaradix.replay.trace import Trace, TraceRequest
 
 PROFILE = get_profile("nemotron-h-8b")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mambaradix.engine.results import EngineStats
-from mambaradix.replay.policies import make_policy
+from mambaradix.policies import make_policy
 from mambaradix.replay.results import ReplayResult
 from mambaradix.replay.run import metrics, replay
 from mambaradix.replay.serving import ServingConfig, ServingModel

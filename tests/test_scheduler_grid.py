@@ -13,6 +13,7 @@ import pytest
 
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager, Request
+from mambaradix.policies import SGLang
 from mambaradix.pools import FingerprintStatePool, ReqToTokenTable, StateSlotAllocator
 from mambaradix.pools import TokenKVAllocator as KV
 from mambaradix.scheduler import (
@@ -21,7 +22,6 @@ from mambaradix.scheduler import (
     SchedulerConfig,
     ScriptedForward,
     Sequence,
-    SGLangCheckpoints,
 )
 
 
@@ -34,12 +34,12 @@ class Recording(ScriptedForward):
         return super().prefill(batch)
 
 
-class OffGridStops(SGLangCheckpoints):
+class OffGridStops(SGLang):
     def stops(self, req: Request) -> list[int]:
         return [s for s in (5, 19) if req.computed < s < req.total_len]
 
 
-def run(chunk: int, align: int | None, policy: SGLangCheckpoints | None = None) -> Recording:
+def run(chunk: int, align: int | None, policy: SGLang | None = None) -> Recording:
     mgr = CacheManager(
         MambaRadixCache(page_size=1, chunk_size=64),
         KV(512),
@@ -49,7 +49,7 @@ def run(chunk: int, align: int | None, policy: SGLangCheckpoints | None = None) 
     )
     fwd = Recording()
     cfg = SchedulerConfig(chunk_tokens=chunk, max_running=4, truncation_align_size=align)
-    sched = Scheduler(mgr, fwd, policy or SGLangCheckpoints(), cfg, lambda: 0.0)
+    sched = Scheduler(mgr, fwd, policy or SGLang(), cfg, lambda: 0.0)
     a = Sequence(array("q", range(100, 120)), 1, script=array("q", [7]), id=0)  # 20 tokens
     b = Sequence(array("q", range(200, 213)), 1, script=array("q", [7]), id=1)  # 13 tokens
     sched.submit(a)

@@ -17,6 +17,7 @@ from array import array
 from mambaradix.core.node import TreeNode
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager, Request
+from mambaradix.policies import FINISH, PROMPT_END, SGLang
 from mambaradix.pools import (
     FingerprintStatePool,
     PagedKVAllocator,
@@ -25,13 +26,10 @@ from mambaradix.pools import (
     TokenKVAllocator,
 )
 from mambaradix.scheduler import (
-    FINISH,
     PREFILL,
-    PROMPT_END,
     SchedulerConfig,
     ScriptedForward,
     Sequence,
-    SGLangCheckpoints,
 )
 from mambaradix.scheduler.loop import Scheduler
 
@@ -62,7 +60,7 @@ def manager(
 
 def scheduler(mgr: CacheManager, chunk: int | None, running: int, policy=None) -> Scheduler:  # type: ignore[no-untyped-def]
     cfg = SchedulerConfig(chunk_tokens=chunk, max_running=running)
-    return Scheduler(mgr, ScriptedForward(), policy or SGLangCheckpoints(), cfg, lambda: 0.0)
+    return Scheduler(mgr, ScriptedForward(), policy or SGLang(), cfg, lambda: 0.0)
 
 
 def one_token(prompt: array[int], sid: int = 0) -> Sequence:
@@ -243,7 +241,7 @@ def test_paged_kv_eviction_adds_a_page_per_request() -> None:
 # --------------------------------------------------------------------------- 3. first token
 
 
-class Recording(SGLangCheckpoints):
+class Recording(SGLang):
     """SGLang's checkpoints, recording (kind, position) of each one taken: where the request
     stood (a finished one has given everything back: where the tree now holds its state)."""
 

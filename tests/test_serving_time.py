@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from array import array
 
-from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import make_policy
+from mambaradix.geometry.profile import get_profile
+from mambaradix.policies import make_policy
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace, TraceRequest
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from mambaradix.cli import main
+from mambaradix.geometry.profile import get_profile
+from mambaradix.policies import make_policy
 from mambaradix.replay.cluster import Cluster, ClusterSpec
-from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import make_policy
 from mambaradix.replay.routers import make_router
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig, ServingModel

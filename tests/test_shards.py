@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from mambaradix.cli import main
+from mambaradix.geometry.profile import get_profile
 from mambaradix.replay.cells import build_cells
 from mambaradix.replay.cluster import ClusterSpec
-from mambaradix.replay.models import get_profile
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.shards import Shard, ShardError, merge, trace_hash
 from mambaradix.replay.sweep import sweep

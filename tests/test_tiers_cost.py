@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from mambaradix.replay.models import PROFILES, get_profile
+from mambaradix.geometry.profile import PROFILES, get_profile
 from mambaradix.tiers.cost import (
     H100_PREFILL,
     H200_PREFILL,

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mambaradix.geometry.profile import get_profile
+from mambaradix.policies import POLICIES
 from mambaradix.replay.bound import bound_hit_tokens
-from mambaradix.replay.models import get_profile
-from mambaradix.replay.policies import POLICIES
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace, TraceRequest

@@ -1,4 +1,4 @@
-"""vLLM's block pool as the `vllm` row keeps it (`mambaradix.replay.vllm_pool`), by hand:
+"""vLLM's block pool as the `vllm` row keeps it (`mambaradix.policies.vllm_pool`), by hand:
 what is free, held and cached, the order cached blocks are evicted in, pins, and the
 allocators the lifecycle sees."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from mambaradix.replay.vllm_pool import BlockPool, PoolKV, PoolSlots
+from mambaradix.policies.vllm_pool import BlockPool, PoolKV, PoolSlots
 
 
 def pool_with(evicted: list[object], refuse: set[object] = frozenset()) -> BlockPool:  # type: ignore[assignment]
@@ -120,8 +120,8 @@ def test_concurrent_runs_under_pressure_keep_pool_and_tree_in_step(seed: int) ->
     at a memory that evicts all the time: checked after every step, every block the tree
     holds is in the pool (or another copy of its hash is), the pool's counts add up, and
     nothing leaks once the trace is done."""
-    from mambaradix.replay.models import get_profile
-    from mambaradix.replay.policies import VLLM, make_policy
+    from mambaradix.geometry.profile import get_profile
+    from mambaradix.policies import VLLM, make_policy
     from mambaradix.replay.serving import ServingConfig, ServingModel
     from mambaradix.replay.workloads import multi_turn, shared_prefix
 
@@ -155,8 +155,8 @@ def test_concurrent_runs_under_pressure_keep_pool_and_tree_in_step(seed: int) ->
 
 
 def test_bad_retention_is_refused_before_any_work() -> None:
-    from mambaradix.replay.models import get_profile
-    from mambaradix.replay.policies import VLLM, is_known
+    from mambaradix.geometry.profile import get_profile
+    from mambaradix.policies import VLLM, is_known
     from mambaradix.replay.run import replay
     from mambaradix.replay.serving import ServingConfig
     from mambaradix.replay.workloads import multi_turn

@@ -1,5 +1,5 @@
 """Our copy-free equivalents of vLLM 0.33.0's prefill split and checkpoint helpers
-(`mambaradix.replay.policies.vllm_split`) against vLLM's own functions, loaded from its
+(`mambaradix.policies.vllm_split`) against vLLM's own functions, loaded from its
 wheel (tests/upstream_vllm.py) and called directly on the same inputs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from mambaradix.replay.policies.vllm_split import (
+from mambaradix.policies.vllm_split import (
     aligned_split,
     checkpoint_position,
     exports_checkpoint,

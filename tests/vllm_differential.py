@@ -16,7 +16,7 @@ import random
 from array import array
 from dataclasses import dataclass
 
-from mambaradix.replay.models import ModelProfile
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace, TraceRequest
 from upstream_vllm import UpstreamVllm
@@ -124,7 +124,7 @@ def upstream_hits(stream: Stream, setup: Setup, num_blocks: int) -> list[int | N
 
 
 def our_model(stream: Stream, setup: Setup, num_blocks: int) -> ServingModel:
-    from mambaradix.replay.policies import VLLM
+    from mambaradix.policies import VLLM
 
     reqs = [
         TraceRequest(i, 0, float(i), array("q", p), array("q", o), len(p), len(o))

@@ -3,10 +3,10 @@ imports the replay).
 
     engine_sessions(workload, vocab)   user turns of a bundled multi-turn workload
     compare_cache(sessions, ...)       the engine with the cache on and off
-    replay_policy_for(engine)          the replay policy that decides as the engine
     engine_trace(run)                  an engine run as a replay trace
     replay_prediction(run, engine)     what `mambaradix replay` predicts for the
-                                       same requests, pools and policy, per request
+                                       same requests, pools and policy (a fresh
+                                       copy of the engine's own), per request
 """
 
 from __future__ import annotations
@@ -16,15 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mambaradix.core.compat import is_sglang
 from mambaradix.results import FLAT, JsonResult, json_key
 
 if TYPE_CHECKING:
     from mambaradix.engine import Engine
     from mambaradix.engine.results import EngineStats
     from mambaradix.engine.workload import ConversationRun
-    from mambaradix.replay.models import ModelProfile
-    from mambaradix.replay.policies import Policy
+    from mambaradix.geometry.profile import ModelProfile
+    from mambaradix.policies import Policy
     from mambaradix.replay.trace import Trace
 
 ROUND_GAP_S = 1e6  # round t arrives at t * ROUND_GAP_S: after round t - 1 finished
@@ -96,27 +95,23 @@ def engine_trace(run: ConversationRun) -> Trace:
     return Trace("engine-run", reqs)
 
 
-def unit_profile() -> ModelProfile:
-    """A profile of one byte per KV token and per state (pool sizes then are
-    exactly the engine's), one FLOP per token and per attention pair."""
-    from mambaradix.replay.models import ModelProfile
-
-    return ModelProfile("unit", "1 byte per KV token and per state", 1, 1, 1, 1)
-
-
 def replay_prediction(
-    run: ConversationRun, engine: Engine, policy: Policy, profile: ModelProfile | None = None
+    run: ConversationRun,
+    engine: Engine,
+    policy: Policy | None = None,
+    profile: ModelProfile | None = None,
 ) -> list[int]:
     """Cached tokens per request (session-major, turn order) that the replay
     predicts for this engine run: same prompts and answers, same pool sizes,
-    chunk size, page size, running limit, strategy and `policy` (attached to
-    `profile`, default `unit_profile()`; a cost-aware policy must see the same
-    profile in the engine to decide the same)."""
+    chunk size, page size, running limit, strategy and policy (default: a fresh
+    copy of the engine's own, `Engine.fresh_policy`), attached to the same model
+    profile (default: the engine's, `Engine.profile`)."""
     from mambaradix.replay.serving import ServingConfig, ServingModel
 
     trace = engine_trace(run)
     mgr, sched = engine.mgr, engine.scheduler.config
-    unit = profile or unit_profile()
+    unit = engine.profile if profile is None else profile
+    policy = engine.fresh_policy() if policy is None else policy
     cfg = ServingConfig(
         memory_gb=1.0,
         chunk_tokens=sched.chunk_tokens or 1 << 40,
@@ -132,20 +127,6 @@ def replay_prediction(
     by_request = {o.request: o.cached_units for o in model.outcomes}
     order = sorted(range(len(trace)), key=lambda i: (trace.requests[i].session_id, i))
     return [by_request.get(i, 0) for i in order]
-
-
-def replay_policy_for(engine: Engine) -> Policy:
-    """The replay policy that checkpoints and evicts as `engine` does with its
-    default checkpoints: the SGLang release's (no_buffer or extra_buffer) for an
-    SGLang compat, else ours (`DefaultPolicy`) with the engine's strategy."""
-    from mambaradix.replay.policies import DefaultPolicy, sglang_policy
-
-    compat = engine.mgr.tree.compat
-    if compat is not None and is_sglang(compat):
-        return sglang_policy(compat, engine.mgr.extra_buffer)
-    policy = DefaultPolicy()
-    policy.strategy = engine.mgr.strategy
-    return policy
 
 
 def compare_cache(
@@ -182,7 +163,7 @@ def compare_cache(
     cached, prompt = engines["cache"], summaries["cache"].stats.prompt_tokens
     predicted_rate = None  # the replay does not model the deterministic grid
     if not cached.deterministic:
-        predicted = replay_prediction(runs["cache"], cached, replay_policy_for(cached))
+        predicted = replay_prediction(runs["cache"], cached)
         predicted_rate = sum(predicted) / prompt if prompt else 0.0
     return CompareResult(
         cache=summaries["cache"],

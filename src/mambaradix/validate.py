@@ -6,9 +6,10 @@ as it was when they raise."""
 
 from __future__ import annotations
 
+import difflib
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from mambaradix.pools._checks import as_count, as_int, as_positive
@@ -120,3 +121,9 @@ def available_bytes() -> int | None:
     except OSError:
         pass
     return None
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    """ "; did you mean 'x'?" for the known name closest to a mistyped `name`, or ""."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

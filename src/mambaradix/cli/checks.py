@@ -5,7 +5,6 @@ counts), output-path checks made before any work, and all-or-nothing writes."""
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 import os
 import sys
@@ -14,6 +13,8 @@ import textwrap
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
+
+from mambaradix.validate import suggest
 
 __all__ = [
     "STDOUT",
@@ -84,12 +85,6 @@ class Parser(argparse.ArgumentParser):
             raise argparse.ArgumentError(
                 action, f"invalid choice: {value!r} (choose from {listed}){hint}"
             )
-
-
-def suggest(name: str, known: Iterable[str]) -> str:
-    """ "; did you mean 'x'?" for the known name closest to a mistyped `name`, or ""."""
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 class Listed:

@@ -28,10 +28,10 @@ from mambaradix.cli.replay import (
 from mambaradix.replay.cluster_cli import add_replay_arguments
 
 if TYPE_CHECKING:
+    from mambaradix.geometry.profile import ModelProfile
     from mambaradix.replay.cells import Cell
     from mambaradix.replay.cluster_cli import ScaleOut
     from mambaradix.replay.explain import Explanation, Ideal
-    from mambaradix.replay.models import ModelProfile
     from mambaradix.replay.serving import ServingConfig
     from mambaradix.replay.trace import Trace
 

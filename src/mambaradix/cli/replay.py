@@ -37,8 +37,8 @@ from mambaradix.replay.cluster_cli import ScaleOut, add_replay_arguments
 from mambaradix.validate import HOST_BYTES_PER_ID, available_bytes
 
 if TYPE_CHECKING:
+    from mambaradix.geometry.profile import ModelProfile
     from mambaradix.replay.fit import Pools
-    from mambaradix.replay.models import ModelProfile
     from mambaradix.replay.results import SweepResult
     from mambaradix.replay.serving import ServingConfig
     from mambaradix.replay.sweep import Checked
@@ -146,8 +146,8 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_tier_arguments(p: argparse.ArgumentParser) -> None:
-    """The lower tiers (`replay.tiered`; defaults: `replay.tier_rules`, cited)."""
-    from mambaradix.replay import tier_rules as t
+    """The lower tiers (`replay.tiered`; defaults: `policies.tier_rules`, cited)."""
+    from mambaradix.policies import tier_rules as t
 
     at_least_0 = real(0, low_open=False)
     p.add_argument(
@@ -235,13 +235,13 @@ def bundled_traces() -> list[str]:
 
 
 def model_names() -> list[str]:
-    from mambaradix.replay.models import PROFILES
+    from mambaradix.geometry.profile import PROFILES
 
     return list(PROFILES)
 
 
 def policy_names() -> list[str]:
-    from mambaradix.replay.policies import POLICIES
+    from mambaradix.policies import POLICIES
 
     return list(POLICIES)
 
@@ -299,7 +299,7 @@ def validate(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, Sca
 def validate_serving(args: argparse.Namespace) -> tuple[ModelProfile, ServingConfig, ScaleOut]:
     """The options of `add_serving_arguments` and `add_replay_arguments` (and
     `--plot` against them): model, policies, option combinations."""
-    from mambaradix.replay.policies import ORACLE, POLICIES, retired_reason
+    from mambaradix.policies import ORACLE, POLICIES, retired_reason
     from mambaradix.replay.serving import ServingConfig
 
     try:
@@ -361,7 +361,7 @@ def resolve_model(model: str, state_dtype: str = "auto") -> ModelProfile:
     """`--model` (a built-in name, a config.json or a directory holding one) at
     `--state-dtype`; UsageError naming the option. Warns that int8 states change
     outputs."""
-    from mambaradix.replay.models import load_profile
+    from mambaradix.geometry.profile import load_profile
 
     try:
         profile = load_profile(model, state_dtype)
@@ -380,8 +380,8 @@ def resolve_model(model: str, state_dtype: str = "auto") -> ModelProfile:
 
 def retention_policies(args: argparse.Namespace, profile: ModelProfile) -> None:
     """With --vllm-retention, the vllm row runs at that interval (`vllm@N`, `vllm@dense`)."""
-    from mambaradix.replay.policies import DEFAULT_RUN
-    from mambaradix.replay.policies.vllm import parse_retention, retention_name
+    from mambaradix.policies import DEFAULT_RUN
+    from mambaradix.policies.vllm import parse_retention, retention_name
 
     if args.vllm_retention is None:
         return
@@ -424,8 +424,8 @@ def pick_policies(
     """The policies to run at `--page-size` on this trace, and those of the
     default list left out (name -> why; said on stderr). An explicit
     `--policy` that cannot run at the page size is a usage error."""
+    from mambaradix.policies import DEFAULT_RUN, TIER_ROWS
     from mambaradix.replay.checks import policy_strategy, unpaged_policies
-    from mambaradix.replay.policies import DEFAULT_RUN, TIER_ROWS
 
     # the peers' tiered rows join the default list when a lower tier is configured
     default = DEFAULT_RUN + list(TIER_ROWS) if base.tiered else DEFAULT_RUN

@@ -15,8 +15,17 @@ from mambaradix.engine.device import check_dtype
 from mambaradix.lifecycle.manager import rules_release
 from mambaradix.lifecycle.strategy import PAGE_RULE, check_strategy, takes_page
 from mambaradix.lifecycle.tier_write import WritePolicy, as_write_policy
+from mambaradix.policies import (
+    ORACLE,
+    POLICIES,
+    Policy,
+    is_known,
+    make_policy,
+    own_memory,
+    retired_reason,
+)
+from mambaradix.policies import own_page as own_tree_page
 from mambaradix.scheduler import (
-    CheckpointPolicy,
     admission_need,
     fits_alone,
     kv_needed_alone,
@@ -32,6 +41,7 @@ from mambaradix.validate import (
     as_token_ids,
     as_type,
     available_bytes,
+    suggest,
 )
 
 if TYPE_CHECKING:
@@ -40,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "check_engine_args",
     "check_generate_args",
+    "check_policy",
     "check_host_tier",
     "check_store_tier",
     "kv_need",
@@ -48,11 +59,6 @@ __all__ = [
 ]
 
 TRACK_SLOTS = 2  # extra_buffer's ping-pong (CacheManager's default)
-# What a `checkpoints` must have, for the error: the protocol's attribute and methods.
-POLICY_MEMBERS = (
-    *CheckpointPolicy.__annotations__,
-    *(name for name in vars(CheckpointPolicy) if not name.startswith("_")),
-)
 
 
 def min_state_slots(prefix_cache: bool, strategy: str = "no_buffer") -> int:
@@ -151,17 +157,68 @@ def check_engine_args(**kw: Any) -> None:
         raise ValueError("deterministic=True needs strategy='no_buffer'")
 
 
-def _check_plugins(kw: dict[str, Any], compat: str | None) -> None:
-    """What is handed in as an object: TypeError now, not in the middle of a run."""
-    evictor, policy, net = (kw[k] for k in ("evictor", "checkpoints", "net"))
-    rules_release(compat, kw["sglang_rules"])  # the lifecycle's rule
-    if not callable(evictor):
-        raise TypeError(f"evictor must be a callable, got {type(evictor).__name__}")
-    if policy is not None and not isinstance(policy, CheckpointPolicy):
+def check_policy(policy: object, compat: object, strategy: object) -> tuple[Policy | None, str]:
+    """The engine's `policy` (None: the default, which the tree's compat picks) and
+    the strategy it runs: a registered name (`mambaradix.policies.make_policy`) or a
+    `Policy`, never one that lays out its own memory or page (vLLM's block pool: the
+    engine runs every policy on its own pools). TypeError / ValueError naming
+    `policy`, `strategy` or `compat` otherwise."""
+    if policy is None:
+        return None, "no_buffer" if strategy is None else check_strategy(strategy)
+    built = _policy_instance(policy)
+    if own_memory(built) or own_tree_page(built):
+        raise ValueError(
+            f"policy {built.name!r} lays out its own memory (vLLM's block pool): the engine "
+            "runs policies on its own KV and state pools; choose another policy"
+        )
+    if strategy is not None and check_strategy(strategy) != built.strategy:
+        raise ValueError(
+            f"strategy {strategy!r} differs from policy {built.name!r}'s {built.strategy!r}: "
+            "leave strategy unset or name a policy of that strategy"
+        )
+    release = resolve_compat(compat)  # ValueError naming compat and its choices
+    if release is not None and built.compat is not None and release != built.compat:
+        raise ValueError(
+            f"compat {compat!r} differs from policy {built.name!r}'s tree {built.compat!r}: "
+            "leave compat unset or name the policy of that release"
+        )
+    return built, built.strategy
+
+
+def engine_policies() -> list[str]:
+    """The registered policies the engine runs (not those with their own memory)."""
+    return [
+        name
+        for name in POLICIES
+        if name != ORACLE
+        and not own_memory(built := make_policy(name))
+        and not own_tree_page(built)
+    ]
+
+
+def _policy_instance(policy: object) -> Policy:
+    if isinstance(policy, str):
+        if (retired := retired_reason([policy])) is not None:
+            raise ValueError(retired)
+        if policy == ORACLE or not is_known(policy):
+            runs = engine_policies()
+            raise ValueError(
+                f"policy {policy!r} is not a policy the engine runs; choose from "
+                f"{', '.join(runs)}{suggest(policy, runs)}"
+            )
+        return make_policy(policy)
+    if not isinstance(policy, Policy):
         raise TypeError(
-            f"checkpoints must be None or a CheckpointPolicy (with {', '.join(POLICY_MEMBERS)}), "
+            f"policy must be None, a policy name or a mambaradix.policies.Policy, "
             f"got {type(policy).__name__}"
         )
+    return policy
+
+
+def _check_plugins(kw: dict[str, Any], compat: str | None) -> None:
+    """What is handed in as an object: TypeError now, not in the middle of a run."""
+    net = kw["net"]
+    rules_release(compat, kw["sglang_rules"])  # the lifecycle's rule
     if net is not None and not isinstance(net, torch.nn.Module):
         raise TypeError(f"net must be None or a torch.nn.Module, got {type(net).__name__}")
 

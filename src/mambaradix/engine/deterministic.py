@@ -27,23 +27,25 @@ again over tokens it first decoded, also a different computation.
 
 from __future__ import annotations
 
-from mambaradix.core.node import TreeNode
 from mambaradix.lifecycle import Request
-from mambaradix.scheduler import CHUNK, PROMPT_END, STOP, CheckpointPolicy
+from mambaradix.policies import Policy
+from mambaradix.policies.kinds import CHUNK, PROMPT_END, STOP
+from mambaradix.policies.wrap import PolicyWrapper
 
 __all__ = ["GridCheckpoints"]
 
 
-class GridCheckpoints:
+class GridCheckpoints(PolicyWrapper):
     """`inner`'s checkpoints, kept only at multiples of `grid` reached by
-    prefill; no decode-time and no finish-time states."""
+    prefill; no decode-time and no finish-time states; the rest is `inner`'s."""
 
     decode_interval: int | None = None
 
-    def __init__(self, inner: CheckpointPolicy, grid: int) -> None:
+    def __init__(self, inner: Policy, grid: int) -> None:
         if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
             raise ValueError(f"grid must be a positive int, got {grid!r}")
-        self.inner, self.grid = inner, grid
+        super().__init__(inner)
+        self.grid = grid
 
     def stops(self, req: Request) -> list[int]:
         return [s for s in self.inner.stops(req) if s % self.grid == 0]
@@ -54,15 +56,3 @@ class GridCheckpoints:
 
     def insert_at_finish(self, req: Request) -> bool:
         return False
-
-    def on_admitted(self, req: Request) -> None:
-        self.inner.on_admitted(req)
-
-    def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
-        self.inner.on_cached(req, node, kind)
-
-    def before_match(self, req: Request) -> None:
-        self.inner.before_match(req)
-
-    def on_abort(self, req: Request) -> None:
-        self.inner.on_abort(req)

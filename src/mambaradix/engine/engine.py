@@ -13,10 +13,16 @@ running state where the prefill stopped: chunk ends, the branch point and
 input - 1 in the default mode) and `extra_buffer` (any page size; the forward
 writes the state at the tracked position into a ping-pong slot, which the tree
 takes). `prefix_cache=False` runs the same loop with nothing ever cached.
+
+Where states are cached and what is evicted is a `mambaradix.policies.Policy`, the
+same object the replay runs (`Engine(policy="mambaradix")`): attached to a
+`PolicyContext` of the engine's own model profile, pools, tree and request table,
+its `evict` the cache manager's evictor.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from array import array
@@ -25,13 +31,14 @@ from typing import Any
 
 import torch
 
-from mambaradix.core.compat import is_sglang, resolve_compat
+from mambaradix.core.compat import resolve_compat
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.engine.adapter import PoolAdapter
 from mambaradix.engine.checks import (
     check_engine_args,
     check_generate_args,
     check_host_tier,
+    check_policy,
     check_prefetch,
     check_store_tier,
     check_tier_rules,
@@ -40,25 +47,20 @@ from mambaradix.engine.checks import (
 from mambaradix.engine.deterministic import GridCheckpoints
 from mambaradix.engine.device import check_dtype, check_net, resolve_device
 from mambaradix.engine.forward import TorchForward
-from mambaradix.engine.models import build_model
+from mambaradix.engine.models import build_model, engine_profile
 from mambaradix.engine.results import EngineStats
 from mambaradix.engine.tiers import HostTier, TierLookup
-from mambaradix.lifecycle import CacheManager, Evictor, Request, lru_evictor
+from mambaradix.geometry.profile import ModelProfile
+from mambaradix.lifecycle import CacheManager, Evictor, Request
 from mambaradix.lifecycle.tier_write import WritePolicy
+from mambaradix.policies import BasePolicy, Policy, PolicyContext, default_policy
 from mambaradix.pools import (
     PagedKVAllocator,
     ReqToTokenTable,
     StateSlotAllocator,
     TokenKVAllocator,
 )
-from mambaradix.scheduler import (
-    CheckpointPolicy,
-    DefaultCheckpoints,
-    Scheduler,
-    SchedulerConfig,
-    Sequence,
-    SGLangCheckpoints,
-)
+from mambaradix.scheduler import Scheduler, SchedulerConfig, Sequence
 from mambaradix.tiers.cost import LoadRule
 
 __all__ = ["Engine", "Result", "TorchForward"]
@@ -82,8 +84,10 @@ class Result:
     latency_s: float = 0.0
 
 
-class NoCache(SGLangCheckpoints):
+class NoCache(BasePolicy):
     """Never checkpoint, never insert: the tree stays empty."""
+
+    name = "no-cache"
 
     def cache_at(self, req: Request, kind: str) -> bool:
         return False
@@ -102,8 +106,14 @@ class Engine:
     longest sequence; page_size / strategy: as SGLang's `--page-size` and
     `--mamba-radix-cache-strategy`; compat: an SGLang release's tree and
     rules ("sglang-0.5.23", "sglang-0.5.15.post1"; "sglang": the current one);
-    checkpoints / evictor: where states are cached and what is evicted
-    (default: `DefaultCheckpoints`, or SGLang's with an SGLang compat; LRU).
+    policy: where states are cached, which are admitted and what is evicted, a
+    name of the registry (`mambaradix.policies.POLICIES`: "default", "sglang",
+    "mambaradix", "marconi", ...) or a `mambaradix.policies.Policy`; None: the
+    one the compat implies ("default", or the SGLang release's policy). A named
+    policy brings its strategy and tree release: `strategy` and `compat`, when
+    given, must agree (left unset, they are the policy's). Policies that lay
+    out memory their own way (vLLM's block pool) are refused; marconi does not
+    tune its alpha here (no replay to tune it on: alpha 0, or `marconi@ALPHA`).
     The cache persists across `generate` calls.
 
     device / dtype: where the model, the KV pool and the state pool live
@@ -146,11 +156,10 @@ class Engine:
         model_overrides: dict[str, Any] | None = None,
         net: Any = None,
         page_size: int = 1,
-        strategy: str = "no_buffer",
+        strategy: str | None = None,
         compat: str | None = None,
         track_interval: int = 256,
-        checkpoints: CheckpointPolicy | None = None,
-        evictor: Evictor = lru_evictor,
+        policy: str | Policy | None = None,
         sglang_rules: bool | str | None = None,
         device: str | torch.device = "cpu",
         batch_decode: bool = True,
@@ -164,6 +173,7 @@ class Engine:
         tier_cost: LoadRule | None = None,
         prefetch_wait_s: float | None = None,
     ) -> None:
+        named, strategy = check_policy(policy, compat, strategy)
         check_engine_args(
             model=model,
             seed=seed,
@@ -182,8 +192,6 @@ class Engine:
             batch_decode=batch_decode,
             deterministic=deterministic,
             keep_logits=keep_logits,
-            checkpoints=checkpoints,
-            evictor=evictor,
             sglang_rules=sglang_rules,
             net=net,
         )
@@ -202,9 +210,17 @@ class Engine:
         self.prefix_cache, self.deterministic = prefix_cache, deterministic
         self.max_context = max_context
         self.adapter = PoolAdapter(self.net, kv_tokens, state_slots)
+        tree_compat = compat if compat is not None or named is None else named.compat
+        deciding = (
+            named if named is not None else default_policy(resolve_compat(tree_compat), strategy)
+        )
+        self.policy: Policy = deciding if prefix_cache else NoCache()
+        self._blank = copy.deepcopy(self.policy)  # unattached: `fresh_policy`
+        if sglang_rules is None:  # the rules of the policy the cache would run, on or off
+            sglang_rules = deciding.sglang_rules
         self.mgr = _cache_manager(
             self.adapter, kv_tokens, state_slots, max_running, max_context, page_size,
-            strategy, compat, evictor, sglang_rules,
+            strategy, tree_compat, self.policy.evict, sglang_rules,
         )  # fmt: skip
         self.forward = TorchForward(self.adapter, self.mgr, batch_decode, keep_logits)
         cfg = SchedulerConfig(
@@ -213,7 +229,9 @@ class Engine:
             track_interval=track_interval,
             truncation_align_size=chunk_size if deterministic else None,
         )
-        policy = self._policy(checkpoints, compat, chunk_size)
+        hooks: Policy = self.policy
+        if deterministic and prefix_cache:
+            hooks = GridCheckpoints(hooks, chunk_size)
         self.host_tier: HostTier | None = None
         if host_tier:
             store = None if store_dir is None else (store_dir, store_bytes, str(model))
@@ -221,8 +239,10 @@ class Engine:
                 self.mgr, self.adapter, host_state_slots, host_kv_tokens, self.device, store,
                 write, tier_cost, prefetch_wait_s,
             )  # fmt: skip
-            policy = TierLookup(policy, self.host_tier)
-        self.scheduler = Scheduler(self.mgr, self.forward, policy, cfg)
+            hooks = TierLookup(hooks, self.host_tier)
+        self.scheduler = Scheduler(self.mgr, self.forward, hooks, cfg, on_finish=self._done)
+        self.profile = engine_profile(self.net, str(model))
+        self.policy.attach(self._context(self.profile, chunk_size))
         self._stats = dict.fromkeys(
             (
                 "requests",
@@ -236,17 +256,34 @@ class Engine:
             0,
         )
 
-    def _policy(
-        self, checkpoints: CheckpointPolicy | None, compat: str | None, grid: int
-    ) -> CheckpointPolicy:
-        if not self.prefix_cache:
-            return NoCache()
-        if checkpoints is None:
-            sglang = is_sglang(resolve_compat(compat))
-            checkpoints = SGLangCheckpoints() if sglang else DefaultCheckpoints()
-        if self.deterministic:
-            return GridCheckpoints(checkpoints, grid)
-        return checkpoints
+    def _context(self, profile: ModelProfile, chunk_size: int) -> PolicyContext:
+        """What the policy knows of this engine: its model's profile, one token per
+        unit, its own pools, tree, request table, cache manager and queue (as the
+        replay's `ServingModel._context` for the same pools)."""
+        mgr = self.mgr
+        return PolicyContext(
+            profile,
+            1,
+            chunk_size,
+            profile.kv_bytes_per_token,
+            mgr.kv.capacity,
+            mgr.slots.capacity,
+            mgr.slots.available_size,
+            tree=mgr.tree,
+            state_bytes=self.policy.state_bytes(profile),
+            budget_units=chunk_size,
+            rows=mgr.rows,
+            cache=mgr,
+            waiting=lambda: [seq.req for seq in self.scheduler.waiting],
+        )
+
+    def _done(self, seq: Sequence) -> None:
+        self.policy.on_request_done()  # a finished request (Marconi counts them)
+
+    def fresh_policy(self) -> Policy:
+        """A new, unattached copy of this engine's policy as it was before the engine
+        attached it (for another driver: `compare.replay_prediction`)."""
+        return copy.deepcopy(self._blank)
 
     @property
     def vocab_size(self) -> int:

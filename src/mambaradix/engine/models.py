@@ -16,17 +16,19 @@ from typing import Any
 import torch
 
 from mambaradix.geometry.derive import engine_state_dtypes, state_shapes
+from mambaradix.geometry.hf import from_config
 from mambaradix.geometry.presets import PRESETS as GEOMETRY_PRESETS
+from mambaradix.geometry.profile import ModelProfile, profile_from_geometry, unit_profile
 from mambaradix.pools.geometry import StateGeometry
 
-__all__ = ["PRESETS", "build_model", "state_geometry", "vocab_size"]
+__all__ = ["PRESETS", "build_model", "engine_profile", "state_geometry", "vocab_size"]
 
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     name: (preset.family, preset.config_kwargs()) for name, preset in GEOMETRY_PRESETS.items()
 }
 """Preset name -> (transformers model family, config kwargs), each written from
 the preset's per-layer geometry (`mambaradix.geometry.presets`), the same
-geometry `replay.models.get_profile(name)` derives its profile from."""
+geometry `geometry.profile.get_profile(name)` derives its profile from."""
 
 
 def state_geometry(model: str, dtype: torch.dtype = torch.float32) -> StateGeometry:
@@ -47,6 +49,22 @@ def state_geometry(model: str, dtype: torch.dtype = torch.float32) -> StateGeome
         conv_dtype=name,
         ssm_dtype=name,
     )
+
+
+def engine_profile(net: Any, name: str) -> ModelProfile:
+    """The profile of the model the engine runs, for its policy (`PolicyContext`):
+    derived from `net`'s own config at its weights' dtype, states as the engine keeps
+    them (`engine_state_dtypes`), so a preset's equals `get_profile(preset)`. A model
+    whose family the geometry does not know gets `unit_profile()` (1 byte and 1 FLOP
+    per token): cost-aware policies then weigh tokens, not bytes and FLOPs."""
+    cfg = dict(net.config.to_dict())
+    cfg.pop("torch_dtype", None)
+    cfg["dtype"] = str(next(net.parameters()).dtype).removeprefix("torch.")
+    try:
+        geom = from_config(cfg, os.path.basename(str(name).rstrip("/")) or str(name))
+    except (KeyError, ValueError, TypeError):
+        return unit_profile()
+    return profile_from_geometry(geom, engine_state_dtypes(geom), "engine model")
 
 
 def _build_preset(

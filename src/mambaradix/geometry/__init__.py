@@ -5,7 +5,8 @@ attention, Mamba2, Mamba1, Gated DeltaNet, dense MLP, MoE) built from its
 published config (`configs`) or an engine preset (`presets`). From it come
 KV bytes per token, bytes per state checkpoint under an engine's dtype
 convention, prefill FLOPs and Marconi's accounting (`derive`), and vLLM's
-unified block (`vllm`).
+unified block (`vllm`). `profile` reduces a model to what the policies and the
+replay need (`ModelProfile`, `get_profile`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ kwargs each geometry stands for.
 A preset is a `Geometry` (its layers) plus the few config values that are
 not geometry (vocabulary, init scale). `EnginePreset.config_kwargs` writes
 the kwargs a transformers ``<family>Config`` takes; the engine builds its
-models from them, so a replay profile of a preset (`replay.models`) and the
+models from them, so a replay profile of a preset (`geometry.profile`) and the
 model the engine runs are one geometry.
 """
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.cluster import ClusterSpec, cluster_replay, cluster_replay_checked
-from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.results import ReplayResult
 from mambaradix.replay.run import replay, replay_checked
 from mambaradix.replay.serving import ServingConfig

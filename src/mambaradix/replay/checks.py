@@ -11,8 +11,8 @@ from mambaradix.lifecycle.tier_write import as_write_policy
 from mambaradix.validate import as_bool, as_positive, as_real, as_type
 
 if TYPE_CHECKING:
-    from mambaradix.replay.models import ModelProfile
-    from mambaradix.replay.policies import Policy
+    from mambaradix.geometry.profile import ModelProfile
+    from mambaradix.policies import Policy
     from mambaradix.replay.serving import ServingConfig
     from mambaradix.replay.trace import Trace
 
@@ -49,7 +49,7 @@ def check_serving_config(cfg: ServingConfig) -> None:
 
 def check_inputs(trace: Trace, profile: ModelProfile, cfg: ServingConfig) -> None:
     """Types of a replay's three inputs, and a trace with requests."""
-    from mambaradix.replay.models import ModelProfile
+    from mambaradix.geometry.profile import ModelProfile
     from mambaradix.replay.serving import ServingConfig
     from mambaradix.replay.trace import Trace
 
@@ -63,7 +63,7 @@ def check_inputs(trace: Trace, profile: ModelProfile, cfg: ServingConfig) -> Non
 def check_policies(policies: object, name: str = "policies") -> list[str]:
     """A non-empty list of known policy names (`policies.is_known`: the
     POLICIES, our ablations, `marconi@ALPHA`), without repeats."""
-    from mambaradix.replay.policies import POLICIES, is_known, retired_reason
+    from mambaradix.policies import POLICIES, is_known, retired_reason
 
     names = _str_list(policies, name)
     if (why := retired_reason(names)) is not None:
@@ -97,13 +97,13 @@ def policy_shared_budget(policy: str, tiered: bool = False) -> bool:
 def policy_own_memory(policy: str) -> bool:
     """Whether a known policy's upstream lays out its own memory (vLLM's one block pool,
     `Policy.build_memory`) rather than the replay's pools."""
-    from mambaradix.replay.policies.base import Policy
+    from mambaradix.policies.base import own_memory
 
-    return type(_instance(policy)).build_memory is not Policy.build_memory
+    return own_memory(_instance(policy))
 
 
 def _instance(policy: str) -> Policy:
-    from mambaradix.replay.policies import ORACLE, make_policy
+    from mambaradix.policies import ORACLE, make_policy
 
     return make_policy("marconi" if policy == ORACLE else policy)
 
@@ -128,15 +128,15 @@ def unpaged_policies(policies: list[str], trace: Trace, cfg: ServingConfig) -> l
 
 def policy_own_page(policy: str) -> bool:
     """Whether a known policy fixes the tree's page itself (vLLM's block)."""
-    from mambaradix.replay.policies.base import Policy
+    from mambaradix.policies.base import own_page
 
-    return type(_instance(policy)).tree_page is not Policy.tree_page
+    return own_page(_instance(policy))
 
 
 def check_instanced(policies: list[str], name: str) -> None:
     """ValueError if `policies` (checked names) hold the oracle, which runs the
     trace once per alpha and has no form over instances."""
-    from mambaradix.replay.policies import ORACLE
+    from mambaradix.policies import ORACLE
 
     if ORACLE in policies:
         raise ValueError(f"{name}: {ORACLE} (a run per alpha) is not run over instances")

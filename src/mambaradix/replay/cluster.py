@@ -45,7 +45,9 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from mambaradix.events import Event, EventEmitter
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.index import Indexer, Overlap
+from mambaradix.policies import Marconi, make_policy
 from mambaradix.replay.checks import (
     check_cluster,
     check_inputs,
@@ -55,8 +57,6 @@ from mambaradix.replay.checks import (
     policy_strategy,
 )
 from mambaradix.replay.fit import check_memory
-from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.policies import Marconi, make_policy
 from mambaradix.replay.results import ClusterMetrics, InstanceRow, ReplayResult
 from mambaradix.replay.routers import Load, Route, Router, make_router
 from mambaradix.replay.run import attach_tuner, summarize

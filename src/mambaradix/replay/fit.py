@@ -25,8 +25,8 @@ import math
 from dataclasses import replace
 from typing import NamedTuple
 
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.memory import shared_sizes, split_sizes
-from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.serving import ServingConfig, page_units
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.scheduler import admission_need, fits_alone, slots_alone
@@ -203,12 +203,12 @@ def check_memory(
     `strategies` (policy -> strategy), the state pool is too small for a
     request that reuses a state, or not one request fits. A known policy's
     states cost what it says (`checks.policy_state_bytes`: vLLM pads them)."""
+    from mambaradix.policies import is_known
     from mambaradix.replay.checks import (
         policy_own_memory,
         policy_shared_budget,
         policy_state_bytes,
     )
-    from mambaradix.replay.policies import is_known
 
     fits: dict[tuple[int, int, bool], Fit] = {}
     keys = {}

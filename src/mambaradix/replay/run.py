@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from mambaradix.geometry.profile import ModelProfile
+from mambaradix.policies import FIXED_ALPHA, ORACLE, Marconi, make_policy
+from mambaradix.policies.constants import MARCONI_TUNING_WINDOW, ORACLE_ALPHAS
 from mambaradix.replay.checks import check_inputs, check_paged, check_policies, policy_strategy
 from mambaradix.replay.fit import check_memory
-from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.policies import FIXED_ALPHA, ORACLE, Marconi, make_policy
-from mambaradix.replay.policies.constants import MARCONI_TUNING_WINDOW, ORACLE_ALPHAS
 from mambaradix.replay.results import ReplayResult, TierMetrics
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace

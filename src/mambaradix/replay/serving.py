@@ -28,20 +28,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mambaradix.core.tree import MambaRadixCache
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.lifecycle import CacheManager
 from mambaradix.lifecycle.strategy import PAGE_RULE, takes_page
-from mambaradix.pools import ReqToTokenTable
-from mambaradix.replay.checks import check_serving_config
-from mambaradix.replay.memory import NullStatePool, exact_pools, shared_pools, split_pools
-from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.policies import Policy, PolicyContext
-from mambaradix.replay.sessions import Releases
-from mambaradix.replay.tier_rules import (
+from mambaradix.policies import Policy, PolicyContext
+from mambaradix.policies.tier_rules import (
     DEFAULT_HOST_GBPS,
     DEFAULT_HOST_LATENCY_US,
     DEFAULT_STORE_GBPS,
     DEFAULT_STORE_LATENCY_US,
 )
+from mambaradix.pools import ReqToTokenTable
+from mambaradix.replay.checks import check_serving_config
+from mambaradix.replay.memory import NullStatePool, exact_pools, shared_pools, split_pools
+from mambaradix.replay.sessions import Releases
 from mambaradix.replay.tiered import TieredCache, TierHooks
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.scheduler import (
@@ -68,9 +68,9 @@ class ServingConfig:
     sequential: Marconi's discipline (see the module docstring). open_loop:
     every request at its time, not after its session's previous answer
     (`replay.sessions`). host_gb, store_gb: the lower tiers' bytes (0: none), their
-    links' GB/s and microseconds per load (`replay.tier_rules`, published defaults).
+    links' GB/s and microseconds per load (`policies.tier_rules`, published defaults).
     tier_write: when units go down to the host (`lifecycle.tier_write`), for every row;
-    None: each row's own (`replay.tier_rules`: the peers' rows write through)."""
+    None: each row's own (`policies.tier_rules`: the peers' rows write through)."""
 
     memory_gb: float
     state_fraction: float = 0.9 / 1.9

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from mambaradix import __version__
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.cells import Cell, CellKey, row_key
-from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.results import ShardHeader
 from mambaradix.replay.trace import Trace
 

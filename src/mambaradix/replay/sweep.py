@@ -10,6 +10,7 @@ from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any, BinaryIO, NamedTuple
 
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.bound import bound_token_hit_rate
 from mambaradix.replay.cells import Cell, build_cells, cell_key, run_sweep_cell
 from mambaradix.replay.checks import (
@@ -26,7 +27,6 @@ from mambaradix.replay.cluster import ClusterSpec
 from mambaradix.replay.executors import run_on
 from mambaradix.replay.fit import Fit, check_memory
 from mambaradix.replay.forked import run_forked
-from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.progress import Counter, counter
 from mambaradix.replay.results import (
     Bound,

@@ -48,7 +48,8 @@ from mambaradix.lifecycle.tiers import (
     chain,
     cheapest,
 )
-from mambaradix.replay.tier_rules import (
+from mambaradix.policies import Policy
+from mambaradix.policies.tier_rules import (
     AUTO,
     COST,
     PROMPT_STATES,
@@ -57,13 +58,12 @@ from mambaradix.replay.tier_rules import (
     auto_kv_share,
     load_tiers,
 )
-from mambaradix.scheduler import CheckpointPolicy
 from mambaradix.tiers.cost import HitCost, Prefill, break_even, load_seconds
 
 if TYPE_CHECKING:
-    from mambaradix.replay.models import ModelProfile
+    from mambaradix.geometry.profile import ModelProfile
+    from mambaradix.policies.vllm_pool import BlockPool
     from mambaradix.replay.serving import ServingConfig
-    from mambaradix.replay.vllm_pool import BlockPool
 
     # `Policy.adopt_loaded(tokens, start, kv, freed, slot)`
     Adopt = Callable[[array[int], int, array[int], set[int], int | None], None]
@@ -254,7 +254,7 @@ class TierHooks:
     """The row's policy as the scheduler sees it, plus the tiers' `before_match` (the
     policy's own, when it has one, runs after the load, on the restored tree)."""
 
-    def __init__(self, inner: CheckpointPolicy, tiered: TieredCache) -> None:
+    def __init__(self, inner: Policy, tiered: TieredCache) -> None:
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "tiered", tiered)
 

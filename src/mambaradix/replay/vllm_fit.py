@@ -1,7 +1,7 @@
 """Which requests the `vllm` row can serve at a memory point (`fit.check_memory` for a
 policy with its own memory, `Policy.build_memory`: vLLM's one block pool).
 
-The row draws KV and states from one pool of vLLM blocks (`replay.vllm_pool`). A request
+The row draws KV and states from one pool of vLLM blocks (`policies.vllm_pool`). A request
 runs alone when the scheduler admits it (prompt, output up to the 4,096 clip and one block
 below the pool, `scheduler.budget`) and the most it holds at once fits: its KV blocks, its
 running state, the state it copies from or keeps, and vLLM's second running block
@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from mambaradix.geometry.profile import ModelProfile
+from mambaradix.policies.vllm import VLLM
 from mambaradix.replay.fit import Fit, Pools, request_units
-from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.policies.vllm import VLLM
 from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.scheduler import admission_need
@@ -61,7 +61,7 @@ _ALONE: dict[tuple[object, ...], bool] = {}  # a request alone: only its sizes m
 def _served_alone(
     r: TraceRequest, unit_tokens: int, profile: ModelProfile, cfg: ServingConfig, policy: str
 ) -> bool:
-    from mambaradix.replay.policies import make_policy
+    from mambaradix.policies import make_policy
 
     sizes = (len(r.input_units), len(r.output_units), r.input_tokens, r.output_tokens)
     key = (sizes, unit_tokens, profile, cfg, policy)
@@ -93,7 +93,7 @@ def _blocks_key(r: TraceRequest, block: int) -> int:
 def vllm_fit(trace: Trace, profile: ModelProfile, cfg: ServingConfig, policy: str) -> Fit:
     """`fit.fit` for the `policy` row (a `VLLM`): never-fit requests, the smallest and the
     largest (in the KV units their blocks hold) and the memory that serves the largest."""
-    from mambaradix.replay.policies import make_policy
+    from mambaradix.policies import make_policy
 
     policy_obj = make_policy(policy)
     assert isinstance(policy_obj, VLLM)

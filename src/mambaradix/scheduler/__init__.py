@@ -5,16 +5,6 @@ forward (a real model, virtual time or a stand-in)."""
 from __future__ import annotations
 
 from mambaradix.scheduler.budget import admission_need, fits_alone, kv_needed_alone, slots_alone
-from mambaradix.scheduler.checkpoints import (
-    CHUNK,
-    DECODED,
-    FINISH,
-    PROMPT_END,
-    STOP,
-    CheckpointPolicy,
-    DefaultCheckpoints,
-    SGLangCheckpoints,
-)
 from mambaradix.scheduler.config import SchedulerConfig
 from mambaradix.scheduler.forward import (
     DecodeStep,
@@ -27,23 +17,15 @@ from mambaradix.scheduler.loop import DECODE, IDLE, PREEMPTED, PREFILL, STALLED,
 from mambaradix.scheduler.sequence import Sequence
 
 __all__ = [
-    "CHUNK",
     "DECODE",
-    "DECODED",
-    "FINISH",
     "IDLE",
     "PREEMPTED",
     "PREFILL",
-    "PROMPT_END",
     "STALLED",
-    "STOP",
-    "CheckpointPolicy",
     "DecodeStep",
-    "DefaultCheckpoints",
     "Extend",
     "FingerprintForward",
     "Forward",
-    "SGLangCheckpoints",
     "Scheduler",
     "SchedulerConfig",
     "ScriptedForward",

@@ -21,7 +21,7 @@ One `step()` is one forward, chosen as SGLang 0.5.15.post1's event loop
    and requeued; they are prefilled again later, outputs included.
 
 What is injected: the cache (`CacheManager`: tree, pools, strategy, eviction
-policy), the forward (`Forward`), where checkpoints go (`CheckpointPolicy`)
+policy), the forward (`Forward`), where checkpoints go (`mambaradix.policies.Policy`)
 and the clock (only for statistics).
 """
 
@@ -33,17 +33,9 @@ from collections.abc import Callable
 
 from mambaradix.core.compat import SGLANG_0_5_23, is_sglang
 from mambaradix.lifecycle import CacheManager
+from mambaradix.policies import Policy, default_policy
+from mambaradix.policies.kinds import CHUNK, DECODED, FINISH, PROMPT_END, STOP
 from mambaradix.scheduler.budget import CONTINUE, NO_TOKEN, PrefillBudget
-from mambaradix.scheduler.checkpoints import (
-    CHUNK,
-    DECODED,
-    FINISH,
-    PROMPT_END,
-    STOP,
-    CheckpointPolicy,
-    DefaultCheckpoints,
-    SGLangCheckpoints,
-)
 from mambaradix.scheduler.config import RETRACT_DECODE_STEPS, NewTokenRatio, SchedulerConfig
 from mambaradix.scheduler.forward import DecodeStep, Extend, Forward
 from mambaradix.scheduler.sequence import (
@@ -63,7 +55,7 @@ class Scheduler:
         self,
         cache: CacheManager,
         forward: Forward,
-        checkpoints: CheckpointPolicy | None = None,
+        checkpoints: Policy | None = None,
         config: SchedulerConfig | None = None,
         clock: Callable[[], float] = time.perf_counter,
         on_finish: Callable[[Sequence], None] | None = None,
@@ -71,9 +63,8 @@ class Scheduler:
     ) -> None:
         self.cache, self.forward, self.clock = cache, forward, clock
         self.config = config or SchedulerConfig()
-        if checkpoints is None:
-            sglang = is_sglang(cache.tree.compat)
-            checkpoints = SGLangCheckpoints() if sglang else DefaultCheckpoints()
+        if checkpoints is None:  # the policy the tree implies (`policies.default_policy`)
+            checkpoints = default_policy(cache.tree.compat, cache.strategy)
         self.checkpoints = checkpoints
         self.on_finish = on_finish
         self.on_abort = on_abort  # a sequence stopped without finishing (`abort`, or out of memory)

@@ -68,7 +68,7 @@ def _real(x: object, name: str, *, positive: bool) -> float:
 
 
 class Figures(Protocol):
-    """What a model contributes (`geometry.derive.Figures`, `replay.models.ModelProfile`)."""
+    """What a model contributes (`geometry.derive.Figures`, `geometry.profile.ModelProfile`)."""
 
     @property
     def state_bytes(self) -> int: ...

@@ -30,12 +30,13 @@ from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import Request
+from mambaradix.policies import Policy
+from mambaradix.policies.wrap import PolicyWrapper
 from mambaradix.replay.explain.attribute import NOTHING_SEEN, Seen
 from mambaradix.replay.explain.ideal import Prefixes, computable
 from mambaradix.replay.explain.tiers import NO_DECISION, Decision, TierWatch
 from mambaradix.replay.serving import ServingModel
 from mambaradix.scheduler import Sequence
-from mambaradix.scheduler.checkpoints import CheckpointPolicy
 
 
 class Shared:
@@ -51,18 +52,19 @@ class Shared:
         self.finished_anywhere = Prefixes() if several else None
 
 
-class Recorder:
-    """A `CheckpointPolicy` that answers as the policy it wraps and reports
-    admissions and the refusals of the policy's admission."""
+class Recorder(PolicyWrapper):
+    """A `Policy` that answers as the policy it wraps and reports admissions and
+    the refusals of the policy's admission."""
 
     def __init__(
         self,
-        inner: CheckpointPolicy,
+        inner: Policy,
         admission_kinds: frozenset[str],
         admitted: Callable[[Request], None],
         refused: Callable[[Request], None],
     ) -> None:
-        self.inner, self.admission_kinds = inner, admission_kinds
+        super().__init__(inner)
+        self.admission_kinds = admission_kinds
         self._admitted, self._refused = admitted, refused
 
     @property
@@ -73,30 +75,15 @@ class Recorder:
     def decode_interval(self, value: int | None) -> None:
         self.inner.decode_interval = value
 
-    def stops(self, req: Request) -> list[int]:
-        return self.inner.stops(req)
-
     def cache_at(self, req: Request, kind: str) -> bool:
         ok = self.inner.cache_at(req, kind)
         if not ok and kind in self.admission_kinds:
             self._refused(req)
         return ok
 
-    def insert_at_finish(self, req: Request) -> bool:
-        return self.inner.insert_at_finish(req)
-
     def on_admitted(self, req: Request) -> None:
         self.inner.on_admitted(req)
         self._admitted(req)
-
-    def on_cached(self, req: Request, node: TreeNode | None, kind: str) -> None:
-        self.inner.on_cached(req, node, kind)
-
-    def before_match(self, req: Request) -> None:
-        self.inner.before_match(req)
-
-    def on_abort(self, req: Request) -> None:
-        self.inner.on_abort(req)
 
 
 def path_of(node: TreeNode) -> array[int]:

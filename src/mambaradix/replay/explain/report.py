@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.explain.attribute import CATEGORIES
 from mambaradix.replay.explain.records import Explanation
-from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.results import ModelInfo, TraceInfo
 from mambaradix.replay.trace import Trace
 from mambaradix.results import JsonResult, omitted

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 
+from mambaradix.geometry.profile import ModelProfile
+from mambaradix.policies import ORACLE, Marconi, make_policy
 from mambaradix.replay.checks import (
     check_cluster,
     check_inputs,
@@ -20,8 +22,6 @@ from mambaradix.replay.explain.ideal import Ideal, ideal
 from mambaradix.replay.explain.observe import Observer, Shared
 from mambaradix.replay.explain.records import Explanation, RequestGap
 from mambaradix.replay.fit import check_memory
-from mambaradix.replay.models import ModelProfile
-from mambaradix.replay.policies import ORACLE, Marconi, make_policy
 from mambaradix.replay.routers import make_router
 from mambaradix.replay.run import attach_tuner, oracle_runs
 from mambaradix.replay.serving import ServingConfig, ServingModel, page_units

@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.bound import bound_hit_tokens
 from mambaradix.replay.checks import check_inputs, check_paged, check_policies, check_reals
-from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.plan.frontier import pareto, recommend
 from mambaradix.replay.plan.results import (
     Axes,
@@ -54,7 +54,7 @@ DEFAULTS = {  # what each engine runs when its memory options are left alone
     "sglang": Setting("sglang-extra-buffer", SGLANG_FRACTION),
     "vllm": Setting("vllm", None),
 }
-HOST_DEFAULTS = {  # with a host tier: the peers' tiered setups (`replay.tier_rules`)
+HOST_DEFAULTS = {  # with a host tier: the peers' tiered setups (`policies.tier_rules`)
     "sglang-hicache": Setting("sglang-hicache", SGLANG_FRACTION),  # host split as the device
     "sglang-hicache-auto": Setting("sglang-hicache-auto", SGLANG_FRACTION),  # sglang #39436
     "vllm-offload": Setting("vllm-offload", None),

@@ -25,9 +25,9 @@ import math
 import os
 from collections.abc import Callable
 
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.cells import Cell, run_cell
 from mambaradix.replay.forked import run_forked
-from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.plan.results import PlanPoint
 from mambaradix.replay.plan.space import Setting
 from mambaradix.replay.plan.targets import Goal

@@ -23,6 +23,7 @@ import math
 from dataclasses import replace
 from typing import NamedTuple
 
+from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.checks import (
     policy_own_memory,
     policy_shared_budget,
@@ -30,7 +31,6 @@ from mambaradix.replay.checks import (
     policy_strategy,
 )
 from mambaradix.replay.fit import TRACK_SLOTS, fit, policy_fit
-from mambaradix.replay.models import ModelProfile
 from mambaradix.replay.serving import ServingConfig
 from mambaradix.replay.trace import Trace
 

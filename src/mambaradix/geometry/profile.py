@@ -391,6 +391,12 @@ PROFILES: dict[str, ModelProfile] = _profiles()
 """Profiles by CLI key."""
 
 
+def unit_profile() -> ModelProfile:
+    """A profile of one byte per KV token and per state, one FLOP per token and per
+    attention pair (pool sizes in bytes then are counts)."""
+    return ModelProfile("unit", "1 byte per KV token and per state", 1, 1, 1, 1)
+
+
 def get_profile(name: str) -> ModelProfile:
     """The profile called `name`; KeyError listing the known names otherwise."""
     try:

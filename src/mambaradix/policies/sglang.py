@@ -17,14 +17,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_0_5_23
-from mambaradix.replay.policies.base import Policy
-from mambaradix.replay.tier_rules import SGLANG_HICACHE, SGLANG_HICACHE_AUTO, TierRules
+from mambaradix.policies.base import BasePolicy
+from mambaradix.policies.tier_rules import SGLANG_HICACHE, SGLANG_HICACHE_AUTO, TierRules
 
 if TYPE_CHECKING:
-    from mambaradix.replay.models import ModelProfile
+    from mambaradix.geometry.profile import ModelProfile
 
 
-class SGLang(Policy):
+class SGLang(BasePolicy):
     """SGLang 0.5.23, no_buffer: a state at every prefill chunk end and at the
     prompt end (a checkpoint when the request goes on decoding), and at finish;
     the tree's LRU (UnifiedRadixCache: a match refreshes only the state it uses,
@@ -57,7 +57,7 @@ class SGLang0515(SGLang):
     prefill batch and evicts a whole allocation's KV when it does not fit."""
 
     name = "sglang-0.5.15.post1"
-    compat = SGLANG_0_5_15
+    compat: str | None = SGLANG_0_5_15
 
 
 class SGLang0515ExtraBuffer(SGLang0515):
@@ -72,7 +72,7 @@ class SGLangHiCache(SGLang):
     """SGLang 0.5.23 with HiCache for Mamba (`--enable-hierarchical-cache`): the
     `sglang` row's checkpoints (one per prefill chunk and per finished request) on the
     device, and with `--host-gb` / `--store-gb` HiCache's tier rules
-    (`replay.tier_rules.SGLANG_HICACHE`): the host split into a KV pool and a state pool
+    (`policies.tier_rules.SGLANG_HICACHE`): the host split into a KV pool and a state pool
     in proportion to the device pools' bytes (sglang #32915), every evicted state
     demoted, the deepest hit loaded. Without tiers it is the `sglang` row."""
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 
-from mambaradix.replay.policies import constants as C
+from mambaradix.policies import constants as C
 
 EXACT = C.AGE_EXACT  # ages below this have a bin each
 PER_OCTAVE = C.AGE_BINS_PER_OCTAVE

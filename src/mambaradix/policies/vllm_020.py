@@ -1,7 +1,7 @@
 """vLLM 0.20.0's hybrid prefix caching with ``mamba_cache_mode="all"`` (its default for
 models that support it), the replay's `vllm-0.20-all` row. 0.33.0 has no "all" mode
 (``MambaCacheMode = Literal["align", "none"]``); the current release is the `vllm` row
-(`mambaradix.replay.policies.vllm`).
+(`mambaradix.policies.vllm`).
 
 States are kept only at attention-block boundaries and no partial block is cached. The
 block is vLLM's unified block, computed per layer as vLLM does
@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING
 
 from mambaradix.geometry.vllm import ALL_MODE_ARCHITECTURES
 from mambaradix.lifecycle import Request
-from mambaradix.replay.policies.base import Policy, PolicyContext
-from mambaradix.scheduler import STOP
+from mambaradix.policies.base import BasePolicy, PolicyContext
+from mambaradix.policies.kinds import STOP
 
 if TYPE_CHECKING:
-    from mambaradix.replay.models import ModelProfile
+    from mambaradix.geometry.profile import ModelProfile
 
 
-class VLLM020Align(Policy):
+class VLLM020Align(BasePolicy):
     """The replay's earlier model of vLLM's "align" mode, kept as `vllm-0.20-all`'s
     fallback (not a row of its own; vLLM 0.33.0's align mode is `VLLM`).
 

@@ -2,13 +2,11 @@
 per-node side tables policies keep their bookkeeping in, and eviction in a
 policy's own order.
 
-A policy talks to the tree only through its public, typed surface: node
-fields (`parent`, `children`, `key`, `state`, `kv_lock`, `state_lock`,
-`depth_tokens()`), the recency accessors (`state_clock()`,
-`state_last_use(node)`), `evictable_states()`, the targeted evictions
-(`evict_state_of`, `evict_leaf`, `evict`) and the listener hooks
-(`add_listener`). The tree holds no policy data: a policy's per-node data
-lives in a `NodeTable` of its own, which the tree's hooks keep clean.
+A policy talks to the tree only through `PolicyTree` (`policies.seam`: the
+recency accessors, `evictable_states()`, the targeted evictions, read-only
+lookups and the listener hooks) and the public node fields it hands out. The
+tree holds no policy data: a policy's per-node data lives in a `NodeTable` of
+its own, which the tree's hooks keep clean.
 """
 
 from __future__ import annotations
@@ -20,15 +18,16 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
-from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager, Request
 from mambaradix.lifecycle.manager import KVAllocator, RowTable, SlotAllocator
-from mambaradix.replay.tier_rules import OURS, TierRules
-from mambaradix.scheduler import PROMPT_END, DefaultCheckpoints
+from mambaradix.policies.kinds import PROMPT_END
+from mambaradix.policies.seam import PolicyTree
+from mambaradix.policies.tier_rules import OURS, TierRules
 
 if TYPE_CHECKING:
-    from mambaradix.replay.models import ModelProfile
-    from mambaradix.replay.vllm_pool import BlockPool
+    from mambaradix.geometry.profile import ModelProfile
+    from mambaradix.policies.protocol import Policy
+    from mambaradix.policies.vllm_pool import BlockPool
 
 T = TypeVar("T")
 
@@ -44,7 +43,7 @@ class PolicyContext:
     kv_capacity: int = 0  # KV pool size in units
     state_capacity: int = 0  # state pool size in slots
     free_states: Callable[[], int] = lambda: 0  # state slots free right now
-    tree: MambaRadixCache | None = None  # the run's tree (for listener hooks)
+    tree: PolicyTree | None = None  # the run's tree, through the seam
     state_bytes: int = 0  # bytes of one state slot in this run (0: the profile's)
     shared_memory: bool = False  # KV and states draw on one byte budget (sequential)
     budget_units: int = 0  # the configured prefill token budget in units (not paged)
@@ -66,7 +65,7 @@ class NodeTable(Generic[T]):
     (for data derived from the edge). A listener must not call into the tree,
     and this one does not."""
 
-    def __init__(self, tree: MambaRadixCache, drop_on_split: bool = False) -> None:
+    def __init__(self, tree: PolicyTree, drop_on_split: bool = False) -> None:
         self._data: dict[TreeNode, T] = {}
         self._drop_on_split = drop_on_split
         tree.add_listener(self)
@@ -110,18 +109,16 @@ class NodeTable(Generic[T]):
         self._data.clear()
 
 
-class Policy:
-    """The base: SGLang's checkpoints, the tree's LRU eviction.
-
-    A policy is a `mambaradix.scheduler.CheckpointPolicy` (where states are
-    checkpointed) plus an eviction rule (`evict(tree, kv_units, states)`, the
-    cache manager's evictor), the tree behaviour (`compat`), the lifecycle
-    strategy (`strategy`) and the bytes one state slot costs it."""
+class BasePolicy:
+    """The base of every policy here, and a `Policy` (`policies.protocol`) itself:
+    SGLang's checkpoints (every chunk end, the prompt end, finish), the tree's
+    LRU eviction, ours' tree and the replay's pools. Subclasses override what
+    their upstream does differently."""
 
     name = "base"
     compat: str | None = None
-    sglang_rules = False  # SGLang's head-room and eviction amounts (CacheManager)
-    strategy = "no_buffer"
+    sglang_rules: bool = False  # SGLang's head-room and eviction amounts (CacheManager)
+    strategy: str = "no_buffer"
     finish_insert = True
     decode_interval: int | None = None  # no_buffer: checkpoint every N decoded units
     shared_budget = False
@@ -194,26 +191,60 @@ class Policy:
         the tree had already, `freed`; the state in `slot`, None if the tree had one): a
         policy with its own books (`pool`) enters them there; the base keeps none."""
 
-    def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
+    def evict(self, tree: PolicyTree, kv_units: int, states: int) -> EvictResult:
         return tree.evict(kv_tokens=kv_units, states=states)
 
     def tier_rules(self, profile: ModelProfile) -> TierRules:
-        """How this row runs the lower tiers, when a run has them (`replay.tier_rules`):
+        """How this row runs the lower tiers, when a run has them (`policies.tier_rules`):
         ours unless the row models a peer's tiered setup."""
         return OURS
 
 
-class DefaultPolicy(Policy):
-    """The engine's default: `DefaultCheckpoints` (chunk ends, the branch
-    point, input - 1, finish) with the tree's LRU eviction."""
+class DefaultPolicy(BasePolicy):
+    """The engine's default (ours without a value model): chunk ends and finish as
+    SGLang, plus the branch point (where the prompt leaves the cached KV, so the
+    next request sharing this prefix hits) and input - 1 instead of the prompt end
+    (an identical re-sent prompt then hits, SGLang #22935); the tree's LRU."""
 
     name = "default"
 
     def stops(self, req: Request) -> list[int]:
-        return DefaultCheckpoints().stops(req)
+        end = req.total_len - 1
+        out = {end} if end > req.computed else set()
+        if req.computed < req.kv_hit_len < end:
+            out.add(req.kv_hit_len)
+        return sorted(out)
 
     def cache_at(self, req: Request, kind: str) -> bool:
-        return kind != PROMPT_END
+        return kind != PROMPT_END  # input - 1 is already cached
+
+
+def own_memory(policy: Policy) -> bool:
+    """Whether `policy` lays its memory out its own way: a block pool of its own
+    (`pool`, or a `build_memory` other than the base's: vLLM's). Wrappers are
+    looked through; a policy not built on `BasePolicy` is judged by `pool` alone."""
+    inner = _unwrapped(policy)
+    return inner.pool is not None or _overrides(inner, "build_memory")
+
+
+def own_page(policy: Policy) -> bool:
+    """Whether `policy` fixes the tree's page itself (`tree_page`: vLLM's block)."""
+    return _overrides(_unwrapped(policy), "tree_page")
+
+
+def _unwrapped(policy: Policy) -> Policy:
+    from mambaradix.policies.wrap import PolicyWrapper
+
+    while isinstance(policy, PolicyWrapper):
+        policy = policy.inner
+    return policy
+
+
+def _overrides(policy: Policy, method: str) -> bool:
+    """A `BasePolicy` whose class replaces the base's `method`."""
+    return isinstance(policy, BasePolicy) and getattr(type(policy), method) is not getattr(
+        BasePolicy, method
+    )
 
 
 def normalise(xs: list[float]) -> list[float]:
@@ -225,7 +256,7 @@ def normalise(xs: list[float]) -> list[float]:
 
 
 def evict_in_order(
-    tree: MambaRadixCache, order: list[TreeNode], kv_units: int, states: int
+    tree: PolicyTree, order: list[TreeNode], kv_units: int, states: int
 ) -> EvictResult:
     """Evict nodes in `order` until kv_units KV units (leaves) and `states`
     states are freed; fall back to LRU for what the order could not free."""

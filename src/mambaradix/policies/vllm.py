@@ -13,7 +13,7 @@ every rule checked against vLLM's own code driven on CPU, ``tests/test_vllm_diff
   cached state, the KV hit (capped at ``tokens - 1``, floored to the block) is kept for its
   siblings, and the scheduler ends a prefill step there (``kv_cache_manager.py:318-325``,
   ``scheduler.py:546-662``). Our split is `vllm_split`.
-* One block pool for KV and states, with vLLM's free queue (`mambaradix.replay.vllm_pool`):
+* One block pool for KV and states, with vLLM's free queue (`mambaradix.policies.vllm_pool`):
   a request holds its blocks while it runs; a kept state is released (cached, at the
   queue's tail) once the running state moved past it (``single_type_kv_cache_manager.py:
   1629-1657``), its KV blocks at its end, tail first (``single_type_kv_cache_manager.py:
@@ -39,22 +39,22 @@ from typing import TYPE_CHECKING
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
-from mambaradix.core.tree import MambaRadixCache
 from mambaradix.geometry.vllm import vllm_block
 from mambaradix.lifecycle import Request
-from mambaradix.replay.policies.base import Policy, PolicyContext
-from mambaradix.replay.policies.vllm_blocks import BlockTables, Plan
-from mambaradix.replay.policies.vllm_split import (
+from mambaradix.policies.base import BasePolicy, PolicyContext
+from mambaradix.policies.kinds import DECODED, PROMPT_END
+from mambaradix.policies.seam import PolicyTree
+from mambaradix.policies.tier_rules import VLLM_OFFLOAD, TierRules
+from mambaradix.policies.vllm_blocks import BlockTables, Plan
+from mambaradix.policies.vllm_pool import BlockPool, PoolKV, PoolSlots
+from mambaradix.policies.vllm_split import (
     checkpoint_position,
     prefill_steps,
     step_checkpoint,
 )
-from mambaradix.replay.tier_rules import VLLM_OFFLOAD, TierRules
-from mambaradix.replay.vllm_pool import BlockPool, PoolKV, PoolSlots
-from mambaradix.scheduler import DECODED, PROMPT_END
 
 if TYPE_CHECKING:
-    from mambaradix.replay.models import ModelProfile
+    from mambaradix.geometry.profile import ModelProfile
 
 DENSE = "dense"
 
@@ -84,7 +84,7 @@ def parse_retention(value: object, name: str = "retention") -> int | None:
     return value
 
 
-class VLLM(Policy):
+class VLLM(BasePolicy):
     """vLLM 0.33.0 with default arguments (the module docstring)."""
 
     name = "vllm"
@@ -306,7 +306,7 @@ class VLLM(Policy):
         first = start // b + (len(kv) // b - len(pages))
         self.blocks.adopt(tokens, pages, first, slot)
 
-    def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
+    def evict(self, tree: PolicyTree, kv_units: int, states: int) -> EvictResult:
         """The lifecycle found too little memory: the pool already popped every cached
         block it could (allocations pop as they go), so there is nothing to evict."""
         return EvictResult(0, 0, array("q"), [])
@@ -315,7 +315,7 @@ class VLLM(Policy):
 class VLLMOffload(VLLM):
     """vLLM 0.33.0 with its native CPU offload (the OffloadingConnector): the `vllm`
     row on the device, and with `--host-gb` / `--store-gb` the offload's rules
-    (`replay.tier_rules.VLLM_OFFLOAD`): per-group keys (`OffloadKey(block_hash,
+    (`policies.tier_rules.VLLM_OFFLOAD`): per-group keys (`OffloadKey(block_hash,
     group_idx)`: a state is one entry per Mamba group, a hit needs them all), boundary
     (prompt) states only, no decode-phase state (vllm #56972), the deepest hit loaded.
     Without tiers it is the `vllm` row."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
-from mambaradix.core.tree import MambaRadixCache
+from mambaradix.policies.seam import PolicyTree
 
 SegmentEnd = Callable[[object, int, bool], None]  # (class, age, by a hit)
 
@@ -30,7 +30,7 @@ class Items:
 
     def __init__(
         self,
-        tree: MambaRadixCache,
+        tree: PolicyTree,
         on_end: SegmentEnd,
         classes: bool,
         flops: Callable[[int], float],

@@ -33,7 +33,7 @@ ORACLE_ALPHAS: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 # Ours. Set on `bench/evaluate.py --material tuning` only (the synthetic
 # generators at seeds 100-104, chitchat conversations 300-599), never on the
 # evaluation's traces or seeds. Each number and each rule has an ablation row
-# in the evaluation (`mambaradix.replay.policies.mambaradix.ABLATIONS`).
+# in the evaluation (`mambaradix.policies.mambaradix.ABLATIONS`).
 
 DENSITY_PRIOR = 1.0
 """Segments' worth of evidence that a class's estimate is shrunk by: towards

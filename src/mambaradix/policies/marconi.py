@@ -6,21 +6,21 @@ from collections.abc import Callable
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
-from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import Request
-from mambaradix.replay.policies import constants as C
-from mambaradix.replay.policies.base import (
+from mambaradix.policies import constants as C
+from mambaradix.policies.base import (
+    BasePolicy,
     NodeTable,
-    Policy,
     PolicyContext,
     evict_in_order,
     normalise,
 )
-from mambaradix.scheduler import STOP
+from mambaradix.policies.kinds import STOP
+from mambaradix.policies.seam import PolicyTree
 from mambaradix.validate import as_finite_nonnegative, as_int_nonnegative
 
 
-class Marconi(Policy):
+class Marconi(BasePolicy):
     """Marconi, from the paper and its simulator: admit a checkpoint at the
     branch point that speculative insertion finds (where the input leaves the
     cached KV) and after the last decoded token: at most two per sequence.
@@ -75,7 +75,7 @@ class Marconi(Policy):
             self.alpha = max(self.alphas, key=self.tuner)
             self.tune = False
 
-    def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
+    def evict(self, tree: PolicyTree, kv_units: int, states: int) -> EvictResult:
         if self.first_eviction_at is None:
             self.first_eviction_at = max(1, self.requests_seen)
         batch = C.MARCONI_EVICT_BATCH
@@ -86,7 +86,7 @@ class Marconi(Policy):
         ranked = self.ranked(tree, leaves_only=kv_units > 0)
         return evict_in_order(tree, ranked, kv_units, states)
 
-    def ranked(self, tree: MambaRadixCache, leaves_only: bool) -> list[TreeNode]:
+    def ranked(self, tree: PolicyTree, leaves_only: bool) -> list[TreeNode]:
         """Eviction candidates, lowest utility first."""
         most = 0 if leaves_only else 1
         cands = [n for n in tree.evictable_states() if len(n.children) <= most]

@@ -1,5 +1,18 @@
-"""Checkpoint admission and eviction policies, each a small plug-in on the same
-tree and the same scheduler.
+"""The policy layer: admission, checkpoints and eviction, one plug-in each, on the
+same tree and the same scheduler, below the scheduler (core <- pools <- lifecycle
+<- policies <- scheduler <- replay, engine <- cli).
+
+    Policy            the protocol the scheduler, the engine and the replay run
+                      (`protocol`: what each member may mutate and when)
+    BasePolicy        the base class of the policies below (`base`)
+    PolicyTree        the tree as policies see it (`seam`)
+    PolicyContext     what a run tells a policy (`base`)
+    CHUNK, STOP, ...  the checkpoint kinds (`kinds`)
+
+The registry (`make_policy(name)`, `POLICIES`):
+
+    default              the engine's default: chunk ends, the branch point,
+                         input - 1, finish; the tree's LRU
 
     sglang               SGLang 0.5.23 (current release), no_buffer: every
                          prefill chunk end, the prompt end (if decoding goes on),
@@ -21,7 +34,7 @@ tree and the same scheduler.
                          (each alpha a full run; `mambaradix.replay.run`)
     mambaradix           ours: one value model, expected FLOPs saved per byte
                          held, for admission and eviction
-    sglang-hicache       sglang with HiCache's tier rules (`replay.tier_rules`)
+    sglang-hicache       sglang with HiCache's tier rules (`policies.tier_rules`)
     sglang-hicache-auto  the same, host state pool by SGLang's proposed `auto` rule
     vllm-offload         vllm with its native CPU offload's tier rules
 
@@ -33,16 +46,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mambaradix.replay.policies.base import (
+from mambaradix.core.compat import is_sglang
+from mambaradix.policies.base import (
+    BasePolicy,
     DefaultPolicy,
     NodeTable,
-    Policy,
     PolicyContext,
     evict_in_order,
+    own_memory,
+    own_page,
 )
-from mambaradix.replay.policies.mambaradix import ABLATIONS, MambaRadix
-from mambaradix.replay.policies.marconi import Marconi
-from mambaradix.replay.policies.sglang import (
+from mambaradix.policies.kinds import CHUNK, DECODED, FINISH, PROMPT_END, STOP
+from mambaradix.policies.mambaradix import ABLATIONS, MambaRadix
+from mambaradix.policies.marconi import Marconi
+from mambaradix.policies.protocol import Policy
+from mambaradix.policies.seam import PolicyTree
+from mambaradix.policies.sglang import (
     RETIRED,
     SGLang,
     SGLang0515,
@@ -52,9 +71,10 @@ from mambaradix.replay.policies.sglang import (
     SGLangHiCacheAuto,
     sglang_policy,
 )
-from mambaradix.replay.policies.vllm import VLLM, VLLMOffload, parse_retention
-from mambaradix.replay.policies.vllm_020 import VLLM020All
-from mambaradix.scheduler import CHUNK, DECODED, FINISH, PROMPT_END, STOP
+from mambaradix.policies.vllm import VLLM, VLLMOffload, parse_retention
+from mambaradix.policies.vllm_020 import VLLM020All
+from mambaradix.policies.wrap import PolicyWrapper
+from mambaradix.validate import suggest
 
 ORACLE = "marconi-oracle"
 """Not one policy but a set of runs (`mambaradix.replay.run.replay`)."""
@@ -72,6 +92,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "sglang-hicache": SGLangHiCache,
     "sglang-hicache-auto": SGLangHiCacheAuto,
     "vllm-offload": VLLMOffload,
+    "default": DefaultPolicy,  # the engine's default; the replay runs it when named
 }
 
 
@@ -85,7 +106,9 @@ TIER_ROWS = ("sglang-hicache", "sglang-hicache-auto", "vllm-offload")
 without one each is its device row (`sglang`, `vllm`)."""
 """Rows of releases users no longer run: selectable by name, not run by default."""
 
-DEFAULT_RUN = [p for p in SINGLE_RUN if p not in OLDER_RELEASES and p not in TIER_ROWS]
+DEFAULT_RUN = [
+    p for p in SINGLE_RUN if p not in OLDER_RELEASES and p not in TIER_ROWS and p != "default"
+]
 """What the replay runs when no policy is named (`--policy`)."""
 
 FIXED_ALPHA = "marconi@"
@@ -154,12 +177,25 @@ def make_policy(name: str, **kwargs: Any) -> Policy:
     if name in RETIRED:
         raise KeyError(f"policy {name!r} was retired: {RETIRED[name]}")
     if name not in POLICIES:
-        raise KeyError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+        known = ", ".join(POLICIES)
+        raise KeyError(f"unknown policy {name!r}; choose from {known}{suggest(name, POLICIES)}")
     return POLICIES[name](**kwargs)
+
+
+def default_policy(compat: str | None, strategy: str = "no_buffer") -> Policy:
+    """The policy a tree of `compat` (resolved) implies when none is named: the
+    SGLang release's (its strategy) on an SGLang tree, else `DefaultPolicy` with
+    `strategy`. What the scheduler and the engine run by default."""
+    if compat is not None and is_sglang(compat):
+        return sglang_policy(compat, strategy == "extra_buffer")
+    policy = DefaultPolicy()
+    policy.strategy = strategy
+    return policy
 
 
 __all__ = [
     "ABLATIONS",
+    "BasePolicy",
     "CHUNK",
     "DEFAULT_RUN",
     "DECODED",
@@ -177,6 +213,8 @@ __all__ = [
     "NodeTable",
     "Policy",
     "PolicyContext",
+    "PolicyTree",
+    "PolicyWrapper",
     "RETIRED",
     "SGLang",
     "SGLang0515",
@@ -189,10 +227,13 @@ __all__ = [
     "VLLMOffload",
     "VLLM020All",
     "VLLM_RETENTION",
+    "default_policy",
     "evict_in_order",
     "fixed_alpha",
     "is_known",
     "make_policy",
+    "own_memory",
+    "own_page",
     "retired_reason",
     "sglang_policy",
     "vllm_retention",

@@ -2,7 +2,7 @@
 it lets go, the block hashes vLLM has cached, and what the tree loses when vLLM evicts.
 
 The `vllm` policy (`policies/vllm.py`) decides where states are kept; `BlockTables` keeps
-vLLM's books on the replay's block pool (`replay/vllm_pool.py`) at the moments vLLM would
+vLLM's books on the replay's block pool (`policies/vllm_pool.py`) at the moments vLLM would
 (file:line in ``vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl``):
 
 * a lookup takes its hit's blocks before the step allocates (`lookup`, pinned until the
@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
-from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import CacheManager, Request
 from mambaradix.lifecycle.manager import RowTable
-from mambaradix.replay.policies.vllm_split import checkpoint_position
-from mambaradix.replay.vllm_pool import BlockPool, PoolKV, PoolSlots
-from mambaradix.scheduler import FINISH
+from mambaradix.policies.kinds import FINISH
+from mambaradix.policies.seam import PolicyTree
+from mambaradix.policies.vllm_pool import BlockPool, PoolKV, PoolSlots
+from mambaradix.policies.vllm_split import checkpoint_position
 
 __all__ = ["BlockTables", "Plan", "Run", "chain_hash"]
 
@@ -84,7 +84,7 @@ class BlockTables:
         pool: BlockPool,
         kv: PoolKV,
         slots: PoolSlots,
-        tree: MambaRadixCache,
+        tree: PolicyTree,
         rows: RowTable,
         cache: CacheManager | None,
     ) -> None:
@@ -386,7 +386,7 @@ class BlockTables:
         if node is None:  # a state already gone: a leftover group block
             self.slots.slot_released(slot)
             return True
-        if node.st.lock or (not node.children and node.kv.lock):
+        if node.state_lock or (not node.children and node.kv_lock):
             # a running request's own kept state, released but locked by our lifecycle
             # (its path): vLLM evicts it; the tree lets it go once the request does
             self.dead.add(node)
@@ -396,7 +396,7 @@ class BlockTables:
 
     def sweep(self) -> None:
         """Evict the states vLLM evicted while a running request locked them."""
-        for node in [n for n in self.dead if not n.st.lock and (n.children or not n.kv.lock)]:
+        for node in [n for n in self.dead if not n.state_lock and (n.children or not n.kv_lock)]:
             self.dead.discard(node)
             if node.parent is not None and node.state is not None:
                 self._free(self.tree.evict_state_of(node))
@@ -408,7 +408,7 @@ class BlockTables:
         if h is not None and list(self.hash_pages[h]) == [page]:
             node = self._tree_node(h)
             if node is not None:
-                if node.kv.lock:
+                if node.kv_lock:
                     return False
                 self._evict_below(node)
             self.tree_copy.pop(h, None)

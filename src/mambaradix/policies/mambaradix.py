@@ -60,13 +60,13 @@ from typing import Any
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
-from mambaradix.core.tree import MambaRadixCache
 from mambaradix.lifecycle import Request
-from mambaradix.replay.policies import constants as C
-from mambaradix.replay.policies.base import Policy, PolicyContext
-from mambaradix.replay.policies.density import HitDensity
-from mambaradix.replay.policies.items import Items
-from mambaradix.scheduler import CHUNK, FINISH, STOP
+from mambaradix.policies import constants as C
+from mambaradix.policies.base import BasePolicy, PolicyContext
+from mambaradix.policies.density import HitDensity
+from mambaradix.policies.items import Items
+from mambaradix.policies.kinds import CHUNK, FINISH, STOP
+from mambaradix.policies.seam import PolicyTree
 from mambaradix.validate import as_bool, as_finite_nonnegative, as_int_nonnegative
 
 BRANCH, PROMPT, CHUNK_END, FINISHED = "branch", "prompt", "chunk", "finish"
@@ -111,7 +111,7 @@ class Settings:
         as_int_nonnegative(self.sample, "sample")
 
 
-class MambaRadix(Policy):
+class MambaRadix(BasePolicy):
     """Ours (see the module docstring)."""
 
     name = "mambaradix"
@@ -254,7 +254,7 @@ class MambaRadix(Policy):
 
     # ------------------------------------------------------------ eviction
 
-    def evict(self, tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
+    def evict(self, tree: PolicyTree, kv_units: int, states: int) -> EvictResult:
         ctx = self.ctx
         self.items.settle()
         self._look_ahead()
