@@ -7,7 +7,8 @@ prefix cache (needs the `engine` extra):
     >>> results[0].output_ids, results[1].cached_tokens, eng.stats()["hit_rate"]
 
 Modules: `engine` (`Engine`: the scheduler, the cache and the model
-together), `forward` (the scheduler's forward: one forward per prefill chunk,
+together), `config` (`EngineConfig`: its settings, frozen and checked once;
+`Engine.from_config`), `forward` (the scheduler's forward: one forward per prefill chunk,
 one per decode step for every decoding sequence), `adapter` (a `DynamicCache`
 reading and writing the pools), `deterministic` (the grid checkpoints of
 `deterministic=True`), `device` (device and dtype checks), `models` (tiny
@@ -17,7 +18,8 @@ answers).
 
 from __future__ import annotations
 
+from mambaradix.engine.config import EngineConfig
 from mambaradix.engine.engine import Engine, Result
 from mambaradix.engine.models import PRESETS, build_model
 
-__all__ = ["PRESETS", "Engine", "Result", "build_model"]
+__all__ = ["PRESETS", "Engine", "EngineConfig", "Result", "build_model"]

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "check_engine_args",
     "check_generate_args",
+    "check_net_type",
     "check_policy",
     "check_host_tier",
     "check_store_tier",
@@ -217,8 +218,12 @@ def _policy_instance(policy: object) -> Policy:
 
 def _check_plugins(kw: dict[str, Any], compat: str | None) -> None:
     """What is handed in as an object: TypeError now, not in the middle of a run."""
-    net = kw["net"]
     rules_release(compat, kw["sglang_rules"])  # the lifecycle's rule
+    check_net_type(kw["net"])
+
+
+def check_net_type(net: object) -> None:
+    """`net`: None or a torch module (TypeError naming it)."""
     if net is not None and not isinstance(net, torch.nn.Module):
         raise TypeError(f"net must be None or a torch.nn.Module, got {type(net).__name__}")
 

@@ -34,16 +34,8 @@ import torch
 from mambaradix.core.compat import resolve_compat
 from mambaradix.core.tree import MambaRadixCache
 from mambaradix.engine.adapter import PoolAdapter
-from mambaradix.engine.checks import (
-    check_engine_args,
-    check_generate_args,
-    check_host_tier,
-    check_policy,
-    check_prefetch,
-    check_store_tier,
-    check_tier_rules,
-    memory_shortfall,
-)
+from mambaradix.engine.checks import check_generate_args, check_net_type, memory_shortfall
+from mambaradix.engine.config import EngineConfig
 from mambaradix.engine.deterministic import GridCheckpoints
 from mambaradix.engine.device import check_dtype, check_net, resolve_device
 from mambaradix.engine.forward import TorchForward
@@ -173,76 +165,77 @@ class Engine:
         tier_cost: LoadRule | None = None,
         prefetch_wait_s: float | None = None,
     ) -> None:
-        named, strategy = check_policy(policy, compat, strategy)
-        check_engine_args(
-            model=model,
-            seed=seed,
-            prefix_cache=prefix_cache,
-            kv_tokens=kv_tokens,
-            state_slots=state_slots,
-            chunk_size=chunk_size,
-            max_running=max_running,
-            max_context=max_context,
-            dtype=dtype,
-            model_overrides=model_overrides,
-            page_size=page_size,
-            strategy=strategy,
-            compat=compat,
-            track_interval=track_interval,
-            batch_decode=batch_decode,
-            deterministic=deterministic,
-            keep_logits=keep_logits,
-            sglang_rules=sglang_rules,
-            net=net,
-        )
-        host_tier = check_host_tier(prefix_cache, host_state_slots, host_kv_tokens)
-        store_bytes = check_store_tier(host_tier, store_dir, store_gb)
-        write = check_tier_rules(host_tier, tier_write, tier_cost)
-        check_prefetch(store_dir, prefetch_wait_s)
-        self.device = resolve_device(device)
-        dtype = check_dtype(dtype)
+        config = EngineConfig(
+            model, seed, prefix_cache, kv_tokens, state_slots, chunk_size, max_running,
+            max_context, dtype, model_overrides, page_size, strategy, compat, track_interval,
+            policy, sglang_rules, device, batch_decode, deterministic, keep_logits,
+            host_state_slots, host_kv_tokens, store_dir, store_gb, tier_write, tier_cost,
+            prefetch_wait_s,
+        )  # fmt: skip
+        self._build(config, net)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, net: Any = None) -> Engine:
+        """An engine of a config made beforehand (checked when it was made), on `net`
+        (None: the model the config names, built from its seed)."""
+        if not isinstance(config, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
+        engine = cls.__new__(cls)
+        engine._build(config, net)
+        return engine
+
+    def _build(self, config: EngineConfig, net: Any) -> None:
+        """Everything from a checked config; `net` is checked here (it is not configuration)."""
+        self.config = c = config
+        named, strategy, host_tier, store_bytes, write = c.resolved
+        if isinstance(c.policy, str):  # a fresh copy: the config builds any number of engines
+            named = copy.deepcopy(named)
+        check_net_type(net)
+        self.device = resolve_device(c.device)
+        dtype = check_dtype(c.dtype)
         if net is not None:
             check_net(net, self.device, dtype)
         else:
-            net = build_model(model, seed, dtype, model_overrides).to(self.device)
-        _check_memory(net, kv_tokens, state_slots, max_running, max_context, page_size)
-        self.model_name, self.net = model, net
-        self.prefix_cache, self.deterministic = prefix_cache, deterministic
-        self.max_context = max_context
-        self.adapter = PoolAdapter(self.net, kv_tokens, state_slots)
-        tree_compat = compat if compat is not None or named is None else named.compat
+            net = build_model(c.model, c.seed, dtype, c.model_overrides).to(self.device)
+        _check_memory(net, c.kv_tokens, c.state_slots, c.max_running, c.max_context, c.page_size)
+        self.model_name, self.net = c.model, net
+        self.prefix_cache, self.deterministic = c.prefix_cache, c.deterministic
+        self.max_context = c.max_context
+        self.adapter = PoolAdapter(self.net, c.kv_tokens, c.state_slots)
+        tree_compat = c.compat if c.compat is not None or named is None else named.compat
         deciding = (
             named if named is not None else default_policy(resolve_compat(tree_compat), strategy)
         )
-        self.policy: Policy = deciding if prefix_cache else NoCache()
+        self.policy: Policy = deciding if c.prefix_cache else NoCache()
         self._blank = copy.deepcopy(self.policy)  # unattached: `fresh_policy`
+        sglang_rules = c.sglang_rules
         if sglang_rules is None:  # the rules of the policy the cache would run, on or off
             sglang_rules = deciding.sglang_rules
         self.mgr = _cache_manager(
-            self.adapter, kv_tokens, state_slots, max_running, max_context, page_size,
+            self.adapter, c.kv_tokens, c.state_slots, c.max_running, c.max_context, c.page_size,
             strategy, tree_compat, self.policy.evict, sglang_rules,
         )  # fmt: skip
-        self.forward = TorchForward(self.adapter, self.mgr, batch_decode, keep_logits)
+        self.forward = TorchForward(self.adapter, self.mgr, c.batch_decode, c.keep_logits)
         cfg = SchedulerConfig(
-            chunk_tokens=chunk_size,
-            max_running=max_running,
-            track_interval=track_interval,
-            truncation_align_size=chunk_size if deterministic else None,
+            chunk_tokens=c.chunk_size,
+            max_running=c.max_running,
+            track_interval=c.track_interval,
+            truncation_align_size=c.chunk_size if c.deterministic else None,
         )
         hooks: Policy = self.policy
-        if deterministic and prefix_cache:
-            hooks = GridCheckpoints(hooks, chunk_size)
+        if c.deterministic and c.prefix_cache:
+            hooks = GridCheckpoints(hooks, c.chunk_size)
         self.host_tier: HostTier | None = None
         if host_tier:
-            store = None if store_dir is None else (store_dir, store_bytes, str(model))
+            store = None if c.store_dir is None else (c.store_dir, store_bytes, str(c.model))
             self.host_tier = HostTier(
-                self.mgr, self.adapter, host_state_slots, host_kv_tokens, self.device, store,
-                write, tier_cost, prefetch_wait_s,
+                self.mgr, self.adapter, c.host_state_slots, c.host_kv_tokens, self.device, store,
+                write, c.tier_cost, c.prefetch_wait_s,
             )  # fmt: skip
             hooks = TierLookup(hooks, self.host_tier)
         self.scheduler = Scheduler(self.mgr, self.forward, hooks, cfg, on_finish=self._done)
-        self.profile = engine_profile(self.net, str(model))
-        self.policy.attach(self._context(self.profile, chunk_size))
+        self.profile = engine_profile(self.net, str(c.model))
+        self.policy.attach(self._context(self.profile, c.chunk_size))
         self._stats = dict.fromkeys(
             (
                 "requests",
