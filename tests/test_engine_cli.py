@@ -44,3 +44,38 @@ def test_engine_cli_bf16(capsys: pytest.CaptureFixture[str], deterministic: bool
     assert ("--deterministic cuts both on one grid" in out) == (not identical)
     # the replay's prediction is given only where the replay models the run
     assert ("`mambaradix replay` predicts" in out) == (not deterministic)
+
+
+def test_engine_cli_runs_a_replay_policy_as_the_replay_predicts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--policy marconi@0.5` under pool pressure: cached output == uncached output, and the
+    replay's prediction for the same requests, pools and policy is the engine's hit rate."""
+    import re
+
+    from mambaradix.cli import main
+
+    args = ["engine", "--policy", "marconi@0.5", "--sessions", "4", "--max-new-tokens", "4",
+            "--chunk-size", "32", "--state-slots", "6", "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "outputs identical: yes" in out
+    saved, predicted = re.search(r"cache: ([\d.]+)%; .* predicts ([\d.]+)%", out).groups()  # type: ignore[union-attr]
+    assert saved == predicted
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--policy", "vllm"], "--policy 'vllm' lays out its own memory"),
+        (["--policy", "mambaradx"], "did you mean 'mambaradix'?"),
+        (["--policy", "mambaradix", "--strategy", "extra_buffer"], "--strategy 'extra_buffer'"),
+    ],
+)
+def test_engine_cli_refuses_a_policy_it_cannot_run(
+    capsys: pytest.CaptureFixture[str], args: list[str], says: str
+) -> None:
+    from mambaradix.cli import main
+
+    assert main(["engine", *args]) == 2
+    assert says in capsys.readouterr().err

@@ -47,7 +47,17 @@ def add(p: argparse.ArgumentParser) -> None:
         "--page-size", type=count(1), default=1, help="KV page in tokens (> 1: extra_buffer)"
     )
     p.add_argument(
-        "--strategy", choices=STRATEGIES, default="no_buffer", help="SGLang's mamba cache strategy"
+        "--policy",
+        default=None,
+        help="where states are cached and what is evicted: a policy of the replay the engine "
+        "runs (default, sglang, sglang-extra-buffer, mambaradix, marconi, marconi@ALPHA, ...; "
+        "default: the --compat's, or default)",
+    )
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default=None,
+        help="SGLang's mamba cache strategy (default: the --policy's, or no_buffer)",
     )
     p.add_argument(
         "--track-interval",
@@ -93,6 +103,7 @@ class EngineKwargs(TypedDict):
     strategy: str
     compat: str | None
     track_interval: int
+    policy: str | None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,6 +153,7 @@ def validate(args: argparse.Namespace) -> EngineKwargs:
             f"--workload {args.workload} is a block-level trace (ids of 512-token blocks, not "
             f"token ids): the engine needs token ids; use {TOKEN_WORKLOADS}"
         )
+    args.strategy = check_engine_policy(args)
     check_paging(args)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if cpus and args.threads > cpus:  # torch would start them all, or overflow
@@ -160,7 +172,20 @@ def validate(args: argparse.Namespace) -> EngineKwargs:
         "strategy": args.strategy,
         "compat": args.compat,
         "track_interval": args.track_interval or 256,
+        "policy": args.policy,
     }
+
+
+def check_engine_policy(args: argparse.Namespace) -> str:
+    """`--policy` (with `--strategy` and `--compat`, which must agree with it) by the
+    engine's own rule (`engine.checks.check_policy`); the strategy it runs."""
+    from mambaradix.engine.checks import check_policy
+
+    try:
+        return check_policy(args.policy, args.compat, args.strategy)[1]
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"--{str(e)}" if str(e).startswith(("policy", "strategy", "compat"))
+                         else str(e)) from None  # fmt: skip
 
 
 def check_device(args: argparse.Namespace) -> Any:
