@@ -9,22 +9,14 @@ and words its error with `PAGE_RULE`, naming its own parameter.
 
 from __future__ import annotations
 
-from enum import Enum
+from mambaradix.names import Names
 
 
-class Strategy(str, Enum):
-    """The two strategies. A `str` subclass: a member equals its name as a string
-    (`Strategy.NO_BUFFER == "no_buffer"`), formats and joins as it, and is written to
-    JSON as it, so the plain strings every caller passes keep working."""
+class Strategy(Names):
+    """The two strategies (a `Names`: `Strategy.NO_BUFFER == "no_buffer"`)."""
 
     NO_BUFFER = "no_buffer"
     EXTRA_BUFFER = "extra_buffer"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
     def takes_page(self, page_size: int) -> bool:
         """Whether this strategy can run with pages of `page_size` tokens (`takes_page`)."""

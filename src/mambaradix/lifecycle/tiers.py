@@ -41,9 +41,19 @@ from dataclasses import dataclass, field
 from mambaradix.core.node import TreeNode
 from mambaradix.lifecycle.tier_lru import LowerTier
 from mambaradix.lifecycle.tier_write import SELECTIVE_HITS, WritePolicy, write_threshold
+from mambaradix.names import Names
 
 ROOT_HASH = 0
-HOST, STORE = "host", "store"
+
+
+class Level(Names):
+    """The lower tiers, by name."""
+
+    HOST = "host"
+    STORE = "store"
+
+
+HOST, STORE = Level
 Key = tuple[Hashable, ...]
 
 

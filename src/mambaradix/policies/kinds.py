@@ -10,6 +10,19 @@
 
 from __future__ import annotations
 
-CHUNK, STOP, PROMPT_END, DECODED, FINISH = "chunk", "stop", "prompt_end", "decoded", "finish"
+from mambaradix.names import Names
 
-__all__ = ["CHUNK", "DECODED", "FINISH", "PROMPT_END", "STOP"]
+__all__ = ["CHUNK", "DECODED", "FINISH", "PROMPT_END", "STOP", "Kind"]
+
+
+class Kind(Names):
+    """The checkpoint kinds (a `Names`: `Kind.CHUNK == "chunk"`)."""
+
+    CHUNK = "chunk"
+    STOP = "stop"
+    PROMPT_END = "prompt_end"
+    DECODED = "decoded"
+    FINISH = "finish"
+
+
+CHUNK, STOP, PROMPT_END, DECODED, FINISH = Kind

@@ -39,11 +39,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mambaradix.lifecycle.tier_write import WritePolicy
+from mambaradix.names import Names
 from mambaradix.tiers.cost import NVME_GEN5, PCIE5_X16, Link, Tier
 
-SHARED, PROPORTIONAL, AUTO = "shared", "proportional", "auto"
-COST, DEEPEST = "cost", "deepest"
-ALL_STATES, PROMPT_STATES = "all", "prompt"
+
+class Split(Names):
+    """How a host tier's bytes are shared by KV and states."""
+
+    SHARED = "shared"
+    PROPORTIONAL = "proportional"
+    AUTO = "auto"
+
+
+class Choice(Names):
+    """Which hit below the device a row loads."""
+
+    COST = "cost"
+    DEEPEST = "deepest"
+
+
+class StateRule(Names):
+    """Which states the device lets go of go down."""
+
+    ALL_STATES = "all"
+    PROMPT_STATES = "prompt"
+
+
+SHARED, PROPORTIONAL, AUTO = Split
+COST, DEEPEST = Choice
+ALL_STATES, PROMPT_STATES = StateRule
 
 DEFAULT_HOST_GBPS = PCIE5_X16.bandwidth / 1e9
 DEFAULT_HOST_LATENCY_US = PCIE5_X16.latency_s * 1e6
@@ -59,9 +83,9 @@ class TierRules:
     those at prompt positions). state_groups: entries per state (vLLM's Mamba groups).
     write: when units go down (the module docstring), unless the run sets one."""
 
-    split: str = SHARED
-    choose: str = COST
-    states: str = ALL_STATES
+    split: Split = SHARED
+    choose: Choice = COST
+    states: StateRule = ALL_STATES
     state_groups: int = 1
     write: WritePolicy = WritePolicy.WRITE_BACK
 
