@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -222,6 +222,39 @@ def test_round_robin_splits_sessions_and_loses_their_hits() -> None:
         hits[router] = sorted((o.request, o.hit_tokens) for m in c.models for o in m.outcomes)
     assert hits["round-robin"] == [(0, 0), (1, 0), (2, 39)]
     assert hits["session"] == [(0, 0), (1, 39), (2, 51)]
+
+
+# Units go down as they are cached (write-through) and, larger than the 1-byte host, straight
+# to the store; links fast enough that loading beats recomputing.
+STORE_ONLY = replace(BIG, host_gb=1e-9, store_gb=1e-3, tier_write="through", host_gbps=1e5,
+                     host_latency_us=0.0, store_gbps=1e5, store_latency_us=0.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_shared_store_serves_a_turn_another_instance_cached(shared: bool) -> None:
+    """Round-robin sends turn 1 to instance 1, where nothing is cached: with a store each,
+    it misses (hit 0) as without tiers; with one store shared, it loads turn 0's finished
+    sequence that instance 0 wrote there (39 tokens, all from the store). Turn 2 comes back
+    to instance 0, which holds turn 0's 39 on its device; with the shared store it also loads
+    the rest of turn 1's finished sequence (50 + 2 - 1 = 51), which instance 1 wrote."""
+    trace = Trace(
+        "t",
+        [
+            req("a", 0.0, P, A),
+            req("a", 100.0, P + A + U, [1, 2]),
+            req("a", 200.0, P + A + U + [1, 2] + span(300, 5), [1, 2]),
+        ],
+    )
+    c = run_cluster(trace, "round-robin", STORE_ONLY, 2, shared_store=shared)
+    got = {o.request: (o.hit_tokens, o.store_hit_tokens) for m in c.models for o in m.outcomes}
+    assert got[1] == ((39, 39) if shared else (0, 0))
+    assert got[2] == ((51, 12) if shared else (39, 0))
+    stores = [m.tiered.tiers.store for m in c.models if m.tiered is not None]
+    assert (stores[0] is stores[1]) is shared
+    for m in c.models:
+        assert m.tiered is not None
+        m.tiered.residency.check_invariants()
+        m.cache.check_conservation()
 
 
 class Recording(Router):

@@ -252,6 +252,11 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         (["--instances", "2", "--router-lag-ms", "-5"], "--router-lag-ms must be a number >= 0"),
         (["--instances", "2", "--router-block", "0"], "--router-block must be a positive number"),
         (["--router", "hybrid"], "--router needs --instances N"),
+        (["--instances", "2", "--shared-store"], "--shared-store needs --store-gb"),
+        (
+            ["--shared-store", "--store-gb", "1", "--host-gb", "1"],
+            "--shared-store needs --instances N",
+        ),
         (["--shard", "3/2", "--json", "x.json"], "--shard must be i/N with 1 <= i <= N, got 3/2"),
         (["--shard", "1/2"], "--shard needs --json FILE"),
         (["--executor", "http://127.0.0.1:8786"], "--executor must be dask://HOST:PORT"),

@@ -94,7 +94,7 @@ def add(p: argparse.ArgumentParser) -> None:
     none = dict.fromkeys(
         ("instances", "router", "router_lag_ms", "router_block", "overlap_weight", "shard"),
     )
-    p.set_defaults(run=run, memory=None, executor=None, **none)
+    p.set_defaults(run=run, memory=None, executor=None, shared_store=False, **none)
 
 
 def goal_of(args: argparse.Namespace) -> Goal:

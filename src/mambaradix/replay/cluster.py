@@ -64,6 +64,7 @@ from mambaradix.replay.serving import ServingConfig, ServingModel
 from mambaradix.replay.sessions import Releases
 from mambaradix.replay.trace import Trace, TraceRequest
 from mambaradix.scheduler import DECODE
+from mambaradix.validate import as_bool
 
 UINT32 = 1 << 32
 
@@ -73,12 +74,14 @@ class ClusterSpec:
     """instances: serving models; router_lag_s: how old the router's view of the
     event streams is; block_tokens: the router's block (None: the tree's page);
     overlap_weight: the weight of prefill work in the cost rule (Dynamo's
-    overlap score weight)."""
+    overlap score weight). shared_store: the instances share one store tier (L3) of
+    `store_gb` (HiCache's and Mooncake's shared L3), instead of one each."""
 
     instances: int = 1
     router_lag_s: float = 0.0
     block_tokens: int | None = None
     overlap_weight: float = 1.0
+    shared_store: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.instances, bool) or not isinstance(self.instances, int):
@@ -93,6 +96,7 @@ class ClusterSpec:
         b = self.block_tokens
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise ValueError(f"block_tokens must be a positive int or None, got {b!r}")
+        as_bool(self.shared_store, "shared_store")
 
 
 class Instance:
@@ -180,9 +184,13 @@ class Cluster:
     ) -> None:
         self.trace = routable(trace)
         self.router, self.spec = router, spec
-        self.models = [
-            ServingModel(self.trace, profile, make_policy(policy), cfg)
-            for _ in range(spec.instances)
+        first = ServingModel(self.trace, profile, make_policy(policy), cfg)
+        store = None  # with a shared store, the first instance's is every instance's
+        if spec.shared_store and first.tiered is not None and cfg.store_gb > 0:
+            store = first.tiered.tiers.store
+        self.models = [first] + [
+            ServingModel(self.trace, profile, make_policy(policy), cfg, store=store)
+            for _ in range(spec.instances - 1)
         ]
         for model in self.models:
             attach_tuner(model)

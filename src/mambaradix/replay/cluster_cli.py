@@ -33,6 +33,11 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--router-lag-ms", type=float, default=None, help="age of the event view")
     g.add_argument("--router-block", type=int, default=None, help="router block, tokens")
     g.add_argument("--overlap-weight", type=float, default=None, help="prefill weight in cost")
+    g.add_argument(
+        "--shared-store",
+        action="store_true",
+        help="the instances share one store (L3) of --store-gb, instead of one each",
+    )
     g = p.add_argument_group("sweeps beyond one machine")
     g.add_argument("--shard", default=None, help="run shard i of N of the cells (i/N)")
     g.add_argument("--executor", default=None, help="dask://HOST:PORT (the dask extra)")
@@ -72,8 +77,11 @@ class ScaleOut:
             dask_address(args.executor)  # syntax only; connecting comes later
             out.executor_url = args.executor
         cluster_only = ("router", "router_lag_ms", "router_block", "overlap_weight")
+        if args.shared_store and not args.store_gb:
+            raise ValueError("--shared-store needs --store-gb (the store the instances share)")
         if args.instances is None:
             given = [n for n in cluster_only if getattr(args, n) is not None]
+            given += ["shared_store"] if args.shared_store else []
             if given:
                 raise ValueError(f"--{given[0].replace('_', '-')} needs --instances N")
             return out
@@ -88,7 +96,9 @@ class ScaleOut:
             raise ValueError(f"--overlap-weight must be a number >= 0, got {weight}")
         if args.router_block is not None and args.router_block < 1:
             raise ValueError(f"--router-block must be a positive number, got {args.router_block}")
-        out.cluster = ClusterSpec(args.instances, lag / 1e3, args.router_block, weight)
+        out.cluster = ClusterSpec(
+            args.instances, lag / 1e3, args.router_block, weight, args.shared_store
+        )
         return out
 
     def check_trace(self, trace: Trace) -> None:

@@ -31,6 +31,7 @@ from mambaradix.core.tree import MambaRadixCache
 from mambaradix.geometry.profile import ModelProfile
 from mambaradix.lifecycle import CacheManager
 from mambaradix.lifecycle.strategy import PAGE_RULE, takes_page
+from mambaradix.lifecycle.tier_lru import LowerTier
 from mambaradix.policies import Policy, PolicyContext
 from mambaradix.policies.tier_rules import (
     DEFAULT_HOST_GBPS,
@@ -244,6 +245,9 @@ class ServingModel:
     on_submit: Callable[[int, Sequence], None] | None = None
     """Called with (request index, its new `Sequence`) as the request is queued
     (`replay.explain` maps the scheduler's requests back to the trace)."""
+    store: LowerTier | None = None
+    """The store tier (L3) when it is shared with other serving models (`replay.cluster`'s
+    `shared_store`); None: its own, of `cfg.store_gb`."""
 
     def __post_init__(self) -> None:
         # requests done (with their outcome) or dropped (None) in the step in flight
@@ -326,6 +330,7 @@ class ServingModel:
             self.units.unit,
             self.kv_unit_bytes,
             self.state_bytes,
+            self.store,
         )
         tiered.adopt = self.policy.adopt_loaded
         tiered.pool = self.policy.pool

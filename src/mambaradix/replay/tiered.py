@@ -93,10 +93,14 @@ class Load:
     seconds: float
 
 
-def byte_tiers(host_bytes: int, store_bytes: int, kv_share: float | None) -> LowerTiers:
-    """The replay's tiers: byte budgets, writes instant (no sink)."""
-    host, store = LowerTier(HOST, host_bytes, kv_share), LowerTier(STORE, store_bytes, kv_share)
-    return LowerTiers(host, store)
+def byte_tiers(
+    host_bytes: int, store_bytes: int, kv_share: float | None, store: LowerTier | None = None
+) -> LowerTiers:
+    """The replay's tiers: byte budgets, writes instant (no sink); `store`: a store tier
+    shared with other serving models (else one of `store_bytes`)."""
+    if store is None:
+        store = LowerTier(STORE, store_bytes, kv_share)
+    return LowerTiers(LowerTier(HOST, host_bytes, kv_share), store)
 
 
 class TieredCache:
@@ -111,6 +115,7 @@ class TieredCache:
         unit_tokens: int,
         kv_unit_bytes: int,
         state_bytes: int,
+        store: LowerTier | None = None,
     ) -> None:
         self.cache, self.profile, self.cfg, self.rules = cache, profile, cfg, rules
         self.unit, self.kv_unit_bytes, self.state_bytes = unit_tokens, kv_unit_bytes, state_bytes
@@ -123,7 +128,7 @@ class TieredCache:
             kv_share = auto_kv_share(
                 int(cfg.host_gb * 1e9), per_token, state_bytes, cfg.chunk_tokens, cfg.max_running
             )
-        self.tiers = byte_tiers(int(cfg.host_gb * 1e9), int(cfg.store_gb * 1e9), kv_share)
+        self.tiers = byte_tiers(int(cfg.host_gb * 1e9), int(cfg.store_gb * 1e9), kv_share, store)
         self.host_path, self.store_path = load_tiers(
             cfg.host_gbps, cfg.host_latency_us, cfg.store_gbps, cfg.store_latency_us
         )
