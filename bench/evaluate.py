@@ -441,15 +441,13 @@ def summary(
     tally: dict[str, int],
     against: dict[str, dict[str, int]],
     results: dict[str, Any],
-    runs: int,
-    seconds: float,
-    workers: int,
+    how: str,
 ) -> str:
+    """The verdict counts; `how`: how the results were run (in the first line's brackets)."""
     total = sum(tally.values())
     lines = [
         f"{OURS} against every other policy at once, per point: {tally['win']} wins, "
-        f"{tally['tie']} ties, {tally['loss']} losses of {total} points "
-        f"({runs} runs in {seconds:.0f} s with {workers} workers).",
+        f"{tally['tie']} ties, {tally['loss']} losses of {total} points ({how}).",
         "",
         f"| {OURS} against | wins | ties | losses |",
         "|---|---|---|---|",
@@ -527,8 +525,7 @@ def merged_summary(results: dict[str, Any]) -> str:
                 tally[point_verdict(cells, others)[0]] += 1
                 for p in others:
                     against[p][verdict(cells[OURS], cells[p])[0]] += 1
-    text = summary(tally, against, results, 0, 0.0, 0)
-    return text.replace(" (0 runs in 0 s with 0 workers)", " (merged parts)", 1)
+    return summary(tally, against, results, "merged parts")
 
 
 def _seed_range(keys: list[str]) -> str:
@@ -593,7 +590,8 @@ def main() -> None:
     }
     seconds = time.perf_counter() - start
     text, tally, against = markdown(results, groups, rows, bounds)
-    text = summary(tally, against, results, len(jobs), seconds, args.workers) + "\n\n" + text
+    how = f"{len(jobs)} runs in {seconds:.0f} s with {args.workers} workers"
+    text = summary(tally, against, results, how) + "\n\n" + text
     out = Path(args.out or f"out/{args.material}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text + "\n")
