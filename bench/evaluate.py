@@ -378,19 +378,34 @@ def fmt(cell: dict[str, Any], synthetic: bool, bold: bool) -> str:
     return f"**{text}**" if bold else text
 
 
-def table(
-    cells_at: dict[float, Any], rows: list[str], head: str, synth: bool
-) -> tuple[str, list[str]]:
-    """One workload in one discipline (policies, our verdict, ablations); and
-    the verdict at each memory point."""
+def tallies(
+    results: dict[str, Any], others: list[str] | None = None
+) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Our verdicts over every point of `results` (workload, discipline, memory): against
+    `others` at once (`point_verdict`), and against each of them alone. `others`: every
+    policy but ours unless given."""
+    if others is None:
+        others = [p for p in POLICIES if p != OURS]
+    tally = {"win": 0, "tie": 0, "loss": 0}
+    against = {p: {"win": 0, "tie": 0, "loss": 0} for p in others}
+    for by_disc in results.values():
+        for cells_at in by_disc.values():
+            for cells in cells_at.values():
+                tally[point_verdict(cells, others)[0]] += 1
+                for p in others:
+                    against[p][verdict(cells[OURS], cells[p])[0]] += 1
+    return tally, against
+
+
+def table(cells_at: dict[float, Any], rows: list[str], head: str, synth: bool) -> str:
+    """One workload in one discipline (policies, our verdict, ablations)."""
     others = [p for p in POLICIES if p != OURS]
     mems = list(cells_at)
     lines = [head, "", "| policy | " + " | ".join(f"{m:g} GB" for m in mems) + " |"]
     lines.append("|---|" + "---|" * len(mems))
-    verdicts, marks = [], []
+    marks = []
     for m in mems:
         v, beaten_by = point_verdict(cells_at[m], others)
-        verdicts.append(v)
         marks.append(v + (f" ({', '.join(beaten_by)})" if beaten_by else ""))
     for row in rows:
         cells = []
@@ -402,7 +417,7 @@ def table(
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
         if row == POLICIES[-1]:
             lines.append(f"| *{OURS} vs all* | " + " | ".join(marks) + " |")
-    return "\n".join(lines), verdicts
+    return "\n".join(lines)
 
 
 def markdown(
@@ -411,8 +426,7 @@ def markdown(
     rows: list[str],
     bounds: dict[str, float],
 ) -> tuple[str, dict[str, int], dict[str, dict[str, int]]]:
-    tally = {"win": 0, "tie": 0, "loss": 0}
-    against = {p: {"win": 0, "tie": 0, "loss": 0} for p in POLICIES if p != OURS}
+    """The tables of `results`, one per workload and discipline, and `tallies` over them."""
     parts: list[str] = []
     for workload, keys in groups.items():
         synth = len(keys) > 1
@@ -423,14 +437,8 @@ def markdown(
                 head += f"; mean ± sd over seeds {_seed_range(keys)}"
             else:
                 head += f"; {len(_TRACES[keys[0]]):,} requests"
-            cells_at = results[workload][disc]
-            text, verdicts = table(cells_at, rows, head, synth)
-            parts.append(text)
-            for v in verdicts:
-                tally[v] += 1
-            for m in cells_at:
-                for p in against:
-                    against[p][verdict(cells_at[m][OURS], cells_at[m][p])[0]] += 1
+            parts.append(table(results[workload][disc], rows, head, synth))
+    tally, against = tallies(results)
     return "\n\n".join(parts), tally, against
 
 
@@ -474,13 +482,11 @@ def summary(
 def deployable_summary(results: dict[str, Any]) -> str:
     """Our verdict against every deployable policy at once, per point, and each point
     where one of them beats us or ties us from above (margin < 0), with its numbers."""
-    tally = {"win": 0, "tie": 0, "loss": 0}
+    tally, _ = tallies(results, DEPLOYABLE)
     below: list[str] = []
     for workload, by_disc in results.items():
         for disc, cells_at in by_disc.items():
             for m, cells in cells_at.items():
-                v, _ = point_verdict(cells, DEPLOYABLE)
-                tally[v] += 1
                 for p in DEPLOYABLE:
                     pv, margin, spread = verdict(cells[OURS], cells[p])
                     if margin < 0:
@@ -516,16 +522,7 @@ def merged(paths: list[str]) -> dict[str, Any]:
 def merged_summary(results: dict[str, Any]) -> str:
     """`summary`'s verdict counts over merged parts (no runs or seconds: the parts have
     theirs)."""
-    others = [p for p in POLICIES if p != OURS]
-    tally = {"win": 0, "tie": 0, "loss": 0}
-    against = {p: {"win": 0, "tie": 0, "loss": 0} for p in others}
-    for by_disc in results.values():
-        for cells_at in by_disc.values():
-            for cells in cells_at.values():
-                tally[point_verdict(cells, others)[0]] += 1
-                for p in others:
-                    against[p][verdict(cells[OURS], cells[p])[0]] += 1
-    return summary(tally, against, results, "merged parts")
+    return summary(*tallies(results), results, "merged parts")
 
 
 def _seed_range(keys: list[str]) -> str:
