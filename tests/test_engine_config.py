@@ -25,6 +25,8 @@ def test_a_config_is_frozen_and_resolves_what_its_checks_find() -> None:
         cfg.kv_tokens = 1024  # type: ignore[misc]
     assert cfg.resolved.policy is not None and cfg.resolved.policy.name == "mambaradix"
     assert cfg.resolved.strategy == "no_buffer" and not cfg.resolved.host_tier
+    assert cfg.resolved.dtype is torch.float32  # the default, checked
+    assert EngineConfig(**SMALL, dtype=torch.bfloat16).resolved.dtype is torch.bfloat16
     assert EngineConfig(**SMALL) == EngineConfig(**SMALL)  # the settings, not what they built
 
 
@@ -32,6 +34,8 @@ def test_a_config_is_frozen_and_resolves_what_its_checks_find() -> None:
     ("kw", "says"),
     [
         ({"kv_tokens": 0}, "kv_tokens"),
+        ({"dtype": torch.int32}, "dtype must be a floating torch.dtype"),
+        ({"dtype": "float32"}, "dtype must be a floating torch.dtype"),
         ({"policy": "vllm"}, "policy"),
         ({"host_state_slots": 4}, "host_kv_tokens"),
         ({"store_gb": 1.0}, "store_gb"),

@@ -124,8 +124,9 @@ def check_store_tier(host_tier: bool, store_dir: Any, store_gb: Any) -> int:
     return int(store_gb * 1e9)
 
 
-def check_engine_args(**kw: Any) -> None:
-    """The constructor's arguments (by their names), in signature order."""
+def check_engine_args(**kw: Any) -> torch.dtype:
+    """The constructor's arguments (by their names), in signature order; the dtype
+    checked (`check_dtype`), for the config to keep."""
     if not isinstance(kw["model"], (str, os.PathLike)):
         raise TypeError(f"model must be a preset name or a path, got {type(kw['model']).__name__}")
     if as_count(kw["seed"], "seed") >= 2**64:
@@ -148,7 +149,7 @@ def check_engine_args(**kw: Any) -> None:
     if kw["max_context"] is not None:
         as_positive(kw["max_context"], "max_context")
     compat = resolve_compat(kw["compat"])  # ValueError naming the choices
-    check_dtype(kw["dtype"])
+    dtype = check_dtype(kw["dtype"])
     if kw["model_overrides"] is not None:
         as_type(kw["model_overrides"], dict, "model_overrides")
     for name in ("batch_decode", "deterministic", "keep_logits"):
@@ -156,6 +157,7 @@ def check_engine_args(**kw: Any) -> None:
     _check_plugins(kw, compat)
     if kw["deterministic"] and strategy != "no_buffer":
         raise ValueError("deterministic=True needs strategy='no_buffer'")
+    return dtype
 
 
 def check_policy(policy: object, compat: object, strategy: object) -> tuple[Policy | None, str]:

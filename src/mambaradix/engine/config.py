@@ -5,8 +5,8 @@ anything is built); the engine trusts it. `Engine(**fields)` makes one from its 
 arguments; `Engine.from_config(config, net=...)` takes one made beforehand (a config can be
 kept, compared, or used for several engines: each gets its own copy of a policy the config
 names; a policy handed in as an instance is the one engine's). What the checks resolve (the
-policy a name stands for, the strategy it runs, the tiers' sizes and write policy) is kept
-beside the fields, as `resolved`.
+policy a name stands for, the strategy it runs, the model's dtype, the tiers' sizes and write
+policy) is kept beside the fields, as `resolved`.
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ __all__ = ["EngineConfig", "Resolved"]
 
 class Resolved(NamedTuple):
     """What the checks of a config found: the named policy (None: the compat's default),
-    the strategy it runs, whether there is a host tier, the store's bytes and the write
-    policy."""
+    the strategy it runs, the model's dtype (`engine.device.check_dtype`), whether there
+    is a host tier, the store's bytes and the write policy."""
 
     policy: Policy | None
     strategy: str
+    dtype: torch.dtype
     host_tier: bool
     store_bytes: int
     write: WritePolicy
@@ -80,12 +81,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         named, strategy = check_policy(self.policy, self.compat, self.strategy)
         given = {f.name: getattr(self, f.name) for f in fields(self) if f.name in _ARGS}
-        check_engine_args(**{**given, "strategy": strategy, "net": None})
+        dtype = check_engine_args(**{**given, "strategy": strategy, "net": None})
         host_tier = check_host_tier(self.prefix_cache, self.host_state_slots, self.host_kv_tokens)
         store_bytes = check_store_tier(host_tier, self.store_dir, self.store_gb)
         write = check_tier_rules(host_tier, self.tier_write, self.tier_cost)
         check_prefetch(self.store_dir, self.prefetch_wait_s)
-        found = Resolved(named, strategy, host_tier, store_bytes, write)
+        found = Resolved(named, strategy, dtype, host_tier, store_bytes, write)
         object.__setattr__(self, "resolved", found)
 
 

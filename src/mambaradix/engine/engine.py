@@ -37,7 +37,7 @@ from mambaradix.engine.adapter import PoolAdapter
 from mambaradix.engine.checks import check_generate_args, check_net_type, memory_shortfall
 from mambaradix.engine.config import EngineConfig
 from mambaradix.engine.deterministic import GridCheckpoints
-from mambaradix.engine.device import check_dtype, check_net, resolve_device
+from mambaradix.engine.device import check_net, resolve_device
 from mambaradix.engine.forward import TorchForward
 from mambaradix.engine.models import build_model, engine_profile
 from mambaradix.engine.results import EngineStats
@@ -187,12 +187,11 @@ class Engine:
     def _build(self, config: EngineConfig, net: Any) -> None:
         """Everything from a checked config; `net` is checked here (it is not configuration)."""
         self.config = c = config
-        named, strategy, host_tier, store_bytes, write = c.resolved
+        named, strategy, dtype, host_tier, store_bytes, write = c.resolved
         if isinstance(c.policy, str):  # a fresh copy: the config builds any number of engines
             named = copy.deepcopy(named)
         check_net_type(net)
         self.device = resolve_device(c.device)
-        dtype = check_dtype(c.dtype)
         if net is not None:
             check_net(net, self.device, dtype)
         else:
