@@ -247,6 +247,7 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     [
         (["--instances", "0"], "--instances must be a positive number, got 0"),
         (["--instances", "2", "--router", "hybrid,nope"], "unknown router nope"),
+        (["--instances", "2", "--router", "hybird"], "did you mean 'hybrid'?"),
         (["--instances", "2", "--router", "hybrid,hybrid"], "--router: hybrid given twice"),
         (["--instances", "2", "--router", ""], "--router must name at least one of"),
         (["--instances", "2", "--router-lag-ms", "-5"], "--router-lag-ms must be a number >= 0"),

@@ -35,10 +35,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from mambaradix.index import Overlap
+from mambaradix.names import Names
 from mambaradix.replay.trace import TraceRequest
+from mambaradix.validate import suggest
+
+
+class RouterName(Names):
+    """The routers, by the names `--router` and `make_router` take (module docstring)."""
+
+    ROUND_ROBIN = "round-robin"
+    SESSION = "session"
+    KV_OVERLAP = "kv-overlap"
+    HYBRID = "hybrid"
+    ORACLE = "oracle"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +96,7 @@ class RouterView(Protocol):
 
 
 class Router:
-    name = "base"
+    name: ClassVar[RouterName]
     needs_events = False  # whether the instances must publish cache events
 
     def route(self, request: TraceRequest, view: RouterView) -> Route:
@@ -92,7 +104,7 @@ class Router:
 
 
 class RoundRobin(Router):
-    name = "round-robin"
+    name = RouterName.ROUND_ROBIN
 
     def __init__(self) -> None:
         self.next = 0
@@ -106,7 +118,7 @@ class Session(Router):
     """Sticky sessions by `session_id` (traces without sessions, such as
     Mooncake, give each request its own id: then every request is a first turn)."""
 
-    name = "session"
+    name = RouterName.SESSION
 
     def __init__(self) -> None:
         self.home: dict[int | str, int] = {}
@@ -155,7 +167,7 @@ class CostRouter(Router):
 
 
 class KVOverlap(CostRouter):
-    name = "kv-overlap"
+    name = RouterName.KV_OVERLAP
     needs_events = True
 
     def credits(self, request: TraceRequest, view: RouterView) -> list[int]:
@@ -163,7 +175,7 @@ class KVOverlap(CostRouter):
 
 
 class Hybrid(CostRouter):
-    name = "hybrid"
+    name = RouterName.HYBRID
     needs_events = True
 
     def credits(self, request: TraceRequest, view: RouterView) -> list[int]:
@@ -171,13 +183,13 @@ class Hybrid(CostRouter):
 
 
 class Oracle(CostRouter):
-    name = "oracle"
+    name = RouterName.ORACLE
 
     def credits(self, request: TraceRequest, view: RouterView) -> list[int]:
         return [view.hit_tokens(request, view.probe(k, request)) for k in range(view.instances)]
 
 
-ROUTERS: dict[str, type[Router]] = {
+ROUTERS: dict[RouterName, type[Router]] = {
     r.name: r for r in (RoundRobin, Session, KVOverlap, Hybrid, Oracle)
 }
 
@@ -187,12 +199,15 @@ def check_router_names(names: list[str], name: str) -> None:
     if unknown := [r for r in names if r not in ROUTERS]:
         raise ValueError(
             f"{name}: unknown router {', '.join(unknown)}; choose from {', '.join(ROUTERS)}"
+            f"{suggest(str(unknown[0]), ROUTERS)}"
         )
 
 
 def make_router(name: str, weight: float = 1.0) -> Router:
     """A fresh router (routers keep state: the round-robin position, sessions)."""
-    cls = ROUTERS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
+    if name not in ROUTERS:
+        raise ValueError(
+            f"unknown router {name!r}; choose from {', '.join(ROUTERS)}{suggest(str(name), ROUTERS)}"
+        )
+    cls = ROUTERS[RouterName(name)]
     return cls(weight) if issubclass(cls, CostRouter) else cls()

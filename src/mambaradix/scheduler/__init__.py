@@ -13,8 +13,8 @@ from mambaradix.scheduler.forward import (
     Forward,
     ScriptedForward,
 )
-from mambaradix.scheduler.loop import DECODE, IDLE, PREEMPTED, PREFILL, STALLED, Scheduler
-from mambaradix.scheduler.sequence import Sequence
+from mambaradix.scheduler.loop import DECODE, IDLE, PREEMPTED, PREFILL, STALLED, Scheduler, Step
+from mambaradix.scheduler.sequence import Sequence, Status
 
 __all__ = [
     "DECODE",
@@ -30,6 +30,8 @@ __all__ = [
     "SchedulerConfig",
     "ScriptedForward",
     "Sequence",
+    "Status",
+    "Step",
     "admission_need",
     "fits_alone",
     "kv_needed_alone",

@@ -35,10 +35,22 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 
 from mambaradix.lifecycle import CacheManager
+from mambaradix.names import Names
 from mambaradix.scheduler.config import CLIP_MAX_NEW_TOKENS
 from mambaradix.scheduler.sequence import Sequence, outputs_left
 
-CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
+
+class Added(Names):
+    """What adding a request left of the budget (SGLang's `AddReqResult`): room to go
+    on, no KV tokens left (the batch is full), or another limit reached (chunk, input,
+    the grid)."""
+
+    CONTINUE = "continue"
+    NO_TOKEN = "no_token"
+    OTHER = "other"
+
+
+CONTINUE, NO_TOKEN, OTHER = Added
 
 
 def admission_need(extend: int, max_new: int, page: int) -> int:
@@ -107,7 +119,7 @@ class PrefillBudget:
     def cur_rem(self) -> float:
         return self._free() - self.cur_offset
 
-    def state(self) -> str:
+    def state(self) -> Added:
         if self.rem_total() <= 0 or self.cur_rem() <= 0:
             return NO_TOKEN
         if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
@@ -165,7 +177,7 @@ class PrefillBudget:
         self._add(seq, n, min(seq.max_new_tokens, CLIP_MAX_NEW_TOKENS) if n == want else 0)
         return True
 
-    def add_new(self, seq: Sequence) -> str:
+    def add_new(self, seq: Sequence) -> Added:
         """A matched waiting request (`add_one_req`). Returns CONTINUE, NO_TOKEN
         or OTHER; the request was added iff it is the last of `self.batch`."""
         req = seq.req

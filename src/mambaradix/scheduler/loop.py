@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 from mambaradix.core.compat import SGLANG_0_5_23, is_sglang
 from mambaradix.lifecycle import CacheManager
+from mambaradix.names import Names
 from mambaradix.policies import Policy, default_policy
 from mambaradix.policies.kinds import CHUNK, DECODED, FINISH, PROMPT_END, STOP
 from mambaradix.scheduler.budget import CONTINUE, NO_TOKEN, PrefillBudget
@@ -47,7 +48,18 @@ from mambaradix.scheduler.sequence import (
     Sequence,
 )
 
-PREFILL, DECODE, PREEMPTED, IDLE, STALLED = "prefill", "decode", "preempted", "idle", "stalled"
+
+class Step(Names):
+    """What one `Scheduler.step` did (a `Names`: `Step.PREFILL == "prefill"`)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    PREEMPTED = "preempted"
+    IDLE = "idle"
+    STALLED = "stalled"
+
+
+PREFILL, DECODE, PREEMPTED, IDLE, STALLED = Step
 
 
 class Scheduler:
@@ -133,7 +145,7 @@ class Scheduler:
     def busy(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running)
 
-    def step(self) -> str:
+    def step(self) -> Step:
         """Run one forward. PREFILL or DECODE; PREEMPTED when requests
         part-way through their prefill hold the memory their next chunks need
         and nothing else runs (SGLang would run out of memory there: the last
@@ -489,4 +501,4 @@ def _check_config(cache: CacheManager, cfg: SchedulerConfig) -> None:
         )
 
 
-__all__ = ["DECODE", "IDLE", "PREFILL", "STALLED", "Scheduler"]
+__all__ = ["DECODE", "IDLE", "PREEMPTED", "PREFILL", "STALLED", "Scheduler", "Step"]

@@ -8,15 +8,22 @@ from dataclasses import dataclass, field
 
 from mambaradix.core.keys import as_int_array, check_hashable
 from mambaradix.lifecycle import Request
+from mambaradix.names import Names
 from mambaradix.pools._checks import as_int
 
-WAITING, PREFILLING, RUNNING, FINISHED, ABORTED = (
-    "waiting",
-    "prefilling",
-    "running",
-    "finished",
-    "aborted",
-)
+
+class Status(Names):
+    """Where a sequence is (a `Names`: `Status.WAITING == "waiting"`): queued, part-way
+    through its prefill, decoding, or ended (finished, or aborted without finishing)."""
+
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+WAITING, PREFILLING, RUNNING, FINISHED, ABORTED = Status
 
 
 @dataclass(eq=False)
@@ -43,7 +50,7 @@ class Sequence:
     id: int = 0
     arrival: float = 0.0
     req: Request = field(init=False)
-    status: str = WAITING
+    status: Status = WAITING
     stops: list[int] = field(default_factory=list)  # planned prefill stops (positions)
     cached_tokens: int = 0
     prompt_tokens: int = 0

@@ -75,24 +75,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-CATEGORIES = (
-    "dropped",
-    "unreachable",
-    "in_flight",
-    "session_in_flight",
-    "source_dropped",
-    "other_instance",
-    "no_checkpoint",
-    "admission_refused",
-    "kv_evicted",
-    "state_evicted",
-    "tier_dropped",
-    "tier_kv_dropped",
-    "lower_tier",
-    "recompute_chosen",
-    "load_failed",
-    "beyond_bound",
-)
+from mambaradix.names import Names
+
+
+class Category(Names):
+    """Where a request's gap to the bound went (the module docstring), from the bound
+    down to the hit; the members between `UNREACHABLE` and `BEYOND_BOUND` are the steps
+    of the staircase, in its order."""
+
+    DROPPED = "dropped"
+    UNREACHABLE = "unreachable"
+    IN_FLIGHT = "in_flight"
+    SESSION_IN_FLIGHT = "session_in_flight"
+    SOURCE_DROPPED = "source_dropped"
+    OTHER_INSTANCE = "other_instance"
+    NO_CHECKPOINT = "no_checkpoint"
+    ADMISSION_REFUSED = "admission_refused"
+    KV_EVICTED = "kv_evicted"
+    STATE_EVICTED = "state_evicted"
+    TIER_DROPPED = "tier_dropped"
+    TIER_KV_DROPPED = "tier_kv_dropped"
+    LOWER_TIER = "lower_tier"
+    RECOMPUTE_CHOSEN = "recompute_chosen"
+    LOAD_FAILED = "load_failed"
+    BEYOND_BOUND = "beyond_bound"
+
+
+CATEGORIES = tuple(Category)
 """Every category, from the bound down to the hit (see the module docstring)."""
 
 
@@ -151,12 +160,12 @@ def categories(
     many units, nondecreasing)."""
     levels = staircase(reach, hit, seen)
     t = [tokens(u) for u in levels]
-    out = dict.fromkeys(CATEGORIES, 0)
-    out["unreachable"] = tokens(bound) - t[0]
+    out: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+    out[Category.UNREACHABLE] = tokens(bound) - t[0]
     if hit >= reach:
-        out["beyond_bound"] = t[0] - tokens(hit)
+        out[Category.BEYOND_BOUND] = t[0] - tokens(hit)
         return out
-    names = CATEGORIES[2:-1]
+    names = CATEGORIES[2:-1]  # IN_FLIGHT .. LOAD_FAILED: the staircase's steps
     for name, upper, lower in zip(names, t[:-1], t[1:], strict=True):
         out[name] = upper - lower
     return out
@@ -164,6 +173,6 @@ def categories(
 
 def dropped(bound_tokens: int) -> dict[str, int]:
     """A request that was never served: its whole bound."""
-    out = dict.fromkeys(CATEGORIES, 0)
-    out["dropped"] = bound_tokens
+    out: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+    out[Category.DROPPED] = bound_tokens
     return out

@@ -34,6 +34,7 @@ from mambaradix.policies import Policy
 from mambaradix.policies.wrap import PolicyWrapper
 from mambaradix.replay.explain.attribute import NOTHING_SEEN, Seen
 from mambaradix.replay.explain.ideal import Prefixes, computable
+from mambaradix.replay.explain.records import Room
 from mambaradix.replay.explain.tiers import NO_DECISION, Decision, TierWatch
 from mambaradix.replay.serving import ServingModel
 from mambaradix.scheduler import Sequence
@@ -98,9 +99,6 @@ def path_of(node: TreeNode) -> array[int]:
     return out
 
 
-FOR_KV, FOR_STATES, FOR_BOTH = "kv", "states", "both"
-
-
 class Observer:
     """Records one serving model's run (module docstring). `reach[i]`: the
     bound of trace request i, in units, as far as this engine can hold it;
@@ -124,7 +122,7 @@ class Observer:
         self.finished = Prefixes()  # what the requests it served could leave cached
         self.index: dict[Request, int] = {}
         self.seen: dict[int, tuple[Seen, int]] = {}
-        self.evicted = {why: [0, 0] for why in (FOR_KV, FOR_STATES, FOR_BOTH)}
+        self.evicted = {why: [0, 0] for why in Room}
         """Per pool an eviction made room in: [KV units, states] it freed (a leaf
         whose state goes takes its KV with it; a KV leaf, its state)."""
         self._hook(model)
@@ -151,7 +149,7 @@ class Observer:
 
         def evict(tree: MambaRadixCache, kv_units: int, states: int) -> EvictResult:
             r = evictor(tree, kv_units, states)
-            why = FOR_BOTH if kv_units and states else FOR_KV if kv_units else FOR_STATES
+            why = Room.BOTH if kv_units and states else Room.KV if kv_units else Room.STATES
             self.evicted[why][0] += len(r.freed_kv)
             self.evicted[why][1] += len(r.freed_states)
             return r

@@ -5,8 +5,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mambaradix.names import Names
 from mambaradix.replay.explain.attribute import CATEGORIES
 from mambaradix.replay.serving import ServingConfig
+
+
+class Room(Names):
+    """The pool an eviction made room in: the KV pool, the state pool, or one budget
+    shared by both (`Explanation.evicted`'s keys)."""
+
+    KV = "kv"
+    STATES = "states"
+    BOTH = "both"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +66,7 @@ class Explanation:
     instances: int = 1
     alpha: float | None = None  # Marconi's tuned (oracle: best) alpha
     evicted: dict[str, dict[str, int]] | None = None
-    """What the run's evictions freed, by the pool they made room in ("kv",
+    """What the run's evictions freed, by the pool they made room in (`Room`: "kv",
     "states", "both": one shared budget): `kv_tokens` and `states`. A state
     evicted from a leaf takes the leaf's KV with it, so KV freed for states is
     KV lost to the state pool's pressure."""
@@ -84,7 +94,7 @@ class Explanation:
 
     def totals(self) -> dict[str, int]:
         """Tokens per category over every request; they add up to `gap_tokens`."""
-        out = dict.fromkeys(CATEGORIES, 0)
+        out: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         for r in self.requests:
             for name, tokens in r.categories.items():
                 out[name] += tokens

@@ -9,7 +9,7 @@ from typing import IO, Any
 
 from mambaradix.geometry.profile import ModelProfile
 from mambaradix.replay.explain.attribute import CATEGORIES
-from mambaradix.replay.explain.records import Explanation
+from mambaradix.replay.explain.records import Explanation, Room
 from mambaradix.replay.results import ModelInfo, TraceInfo
 from mambaradix.replay.trace import Trace
 from mambaradix.results import JsonResult, omitted
@@ -112,11 +112,11 @@ def _evicted(evicted: dict[str, dict[str, int]]) -> list[str]:
     out = []
     for why, e in evicted.items():
         kv, states = f"{e['kv_tokens']:,} KV tokens", f"{e['states']:,} states"
-        if why == "kv" and e["kv_tokens"]:
+        if why == Room.KV and e["kv_tokens"]:
             out.append(f"  evicted for KV room: {kv} (and {states} with them)")
-        elif why == "states" and e["states"]:
+        elif why == Room.STATES and e["states"]:
             out.append(f"  evicted for state room: {states} (and {kv} with them)")
-        elif why == "both" and (e["kv_tokens"] or e["states"]):
+        elif why == Room.BOTH and (e["kv_tokens"] or e["states"]):
             out.append(f"  evicted for room in the shared budget: {kv}, {states}")
     return out
 

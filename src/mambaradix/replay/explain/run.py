@@ -122,7 +122,7 @@ def tier_stats(models: Sequence[ServingModel]) -> dict[str, int] | None:
 
 def evicted(observers: Sequence[Observer], unit: int) -> dict[str, dict[str, int]]:
     """The observers' eviction counts, summed, KV in tokens."""
-    out = {}
+    out: dict[str, dict[str, int]] = {}
     for why in observers[0].evicted:
         kv = sum(o.evicted[why][0] for o in observers)
         out[why] = {"kv_tokens": kv * unit, "states": sum(o.evicted[why][1] for o in observers)}
