@@ -5,7 +5,10 @@ cannot see. Each check names the duplicates it guards against."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "mambaradix"
 STRATEGY_HOME = SRC / "lifecycle" / "strategy.py"
@@ -102,6 +105,86 @@ def test_each_rule_is_raised_from_its_home_only() -> None:
         )
 
 
+# "X must be a multiple of the page" was raised from 4 modules in 8 places above the pools
+# (the engine's sizes, the replay's track interval and exact pools, the scheduler's chunk,
+# grid and interval); now each calls `validate.check_page_multiple`. The layers below
+# `validate` (the standard-library core's `chunk_size`, a paged pool's `alloc`) keep theirs.
+PAGE_MULTIPLE = re.compile(r"must be a multiple of (page_size|the page size|the page) \(")
+BELOW_VALIDATE = (SRC / "core", SRC / "pools")
+
+
+def test_the_page_multiple_rule_is_worded_in_validate_only() -> None:
+    found = [
+        (p, i, s)
+        for p, i, s in lines(SRC / "validate.py")
+        if PAGE_MULTIPLE.search(s) and not any(p.is_relative_to(d) for d in BELOW_VALIDATE)
+    ]
+    assert found == [], where(found)
+
+
+def _scheduler(page: int, **cfg: object) -> object:
+    from driving import make_manager
+    from mambaradix.scheduler import FingerprintForward, Scheduler, SchedulerConfig
+
+    mgr, pool = make_manager(256, 8, strategy="extra_buffer", page=page)
+    config = SchedulerConfig(**cfg)  # type: ignore[arg-type]
+    return Scheduler(mgr, FingerprintForward(mgr, pool), config=config)
+
+
+def _engine(**kw: object) -> object:
+    from mambaradix.engine import EngineConfig
+
+    return EngineConfig(strategy="extra_buffer", page_size=16, **kw)  # type: ignore[arg-type]
+
+
+def _serving(**kw: object) -> object:
+    from mambaradix.replay.serving import ServingConfig
+
+    return ServingConfig(memory_gb=1.0, page_size=16, **kw)  # type: ignore[arg-type]
+
+
+def _pools(kv_units: int) -> object:
+    from mambaradix.replay.memory import exact_pools
+
+    return exact_pools(kv_units, 4, 16)
+
+
+MULTIPLE = "must be a multiple of"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: _engine(kv_tokens=1000), f"kv_tokens (1000) {MULTIPLE} page_size (16)"),
+        (lambda: _engine(chunk_size=100), f"chunk_size (100) {MULTIPLE} page_size (16)"),
+        (
+            lambda: _serving(track_interval=100),
+            f"track_interval (100) {MULTIPLE} page_size (16), as SGLang requires",
+        ),
+        (lambda: _pools(100), f"kv_units (100) {MULTIPLE} the page (16)"),
+        (
+            lambda: _scheduler(16, chunk_tokens=40),
+            f"chunk_tokens (40) {MULTIPLE} the page size (16)",
+        ),
+        (
+            lambda: _scheduler(16, chunk_tokens=64, truncation_align_size=24),
+            f"truncation_align_size (24) {MULTIPLE} the page size (16)",
+        ),
+        (
+            lambda: _scheduler(16, chunk_tokens=64, track_interval=40),
+            f"track_interval (40) {MULTIPLE} the page size (16)",
+        ),
+    ],
+)
+def test_each_page_multiple_check_says_the_rule_by_its_parameter(
+    make: Callable[[], object], message: str
+) -> None:
+    """By hand: 1000, 100, 40 and 24 are not whole pages of 16 tokens."""
+    with pytest.raises(ValueError) as refused:
+        make()
+    assert str(refused.value) == message
+
+
 def test_the_checks_can_fail() -> None:
     """The patterns above match the code they replaced."""
     old = [
@@ -109,6 +192,9 @@ def test_the_checks_can_fail() -> None:
         'hook = getattr(self.checkpoints, "before_match", None)',
     ]
     assert re.search(r"no_buffer.*page", old[0]) and re.search(r"(==|!=)", old[0])
+    assert PAGE_MULTIPLE.search('f"track_interval ({t}) must be a multiple of page_size ({p})"')
+    assert PAGE_MULTIPLE.search('f"chunk_tokens ({c}) must be a multiple of the page size ({p})"')
+    assert PAGE_MULTIPLE.search('f"kv_units ({kv_units}) must be a multiple of the page ({page})"')
     assert re.search(r"getattr\([^)]*[\"'](before_match|on_abort|pass_steps)[\"']", old[1])
     probes = [
         'if getattr(kv, "reclaims_cache", False):',

@@ -28,6 +28,7 @@ __all__ = [
     "as_real",
     "as_token_ids",
     "as_type",
+    "check_page_multiple",
 ]
 
 
@@ -121,6 +122,19 @@ def available_bytes() -> int | None:
     except OSError:
         pass
     return None
+
+
+def check_page_multiple(
+    value: int, name: str, page: int, page_name: str = "page_size", why: str = ""
+) -> int:
+    """`value` (`name`, already checked an int) if it is whole pages of `page` tokens or
+    units; ValueError "name (value) must be a multiple of page_name (page)" otherwise,
+    `why` appended (the one home of the rule and its wording: the engine's and the
+    replay's sizes and intervals, the scheduler's chunk, grid and track interval, the
+    replay's exact pools)."""
+    if value % page:
+        raise ValueError(f"{name} ({value}) must be a multiple of {page_name} ({page}){why}")
+    return value
 
 
 def suggest(name: str, known: Iterable[str]) -> str:

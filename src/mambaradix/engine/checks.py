@@ -41,6 +41,7 @@ from mambaradix.validate import (
     as_token_ids,
     as_type,
     available_bytes,
+    check_page_multiple,
     suggest,
 )
 
@@ -143,8 +144,7 @@ def check_engine_args(**kw: Any) -> torch.dtype:
             + (" and, with the cache on, locks the cached state it matched" if cache_on else "")
         )
     for name in ("kv_tokens", "chunk_size", "track_interval"):
-        if as_positive(kw[name], name) % page:
-            raise ValueError(f"{name} ({kw[name]}) must be a multiple of page_size ({page})")
+        check_page_multiple(as_positive(kw[name], name), name, page)
     as_positive(kw["max_running"], "max_running")
     if kw["max_context"] is not None:
         as_positive(kw["max_context"], "max_context")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from mambaradix.lifecycle.strategy import PAGE_RULE, takes_page
 from mambaradix.lifecycle.tier_write import as_write_policy
-from mambaradix.validate import as_bool, as_positive, as_real, as_type
+from mambaradix.validate import as_bool, as_positive, as_real, as_type, check_page_multiple
 
 if TYPE_CHECKING:
     from mambaradix.geometry.profile import ModelProfile
@@ -29,11 +29,9 @@ def check_serving_config(cfg: ServingConfig) -> None:
         as_real(cfg.rate, "rate", low=0, low_open=True)
     as_bool(cfg.sequential, "sequential")
     as_bool(cfg.open_loop, "open_loop")
-    if cfg.track_interval % cfg.page_size:
-        raise ValueError(
-            f"track_interval ({cfg.track_interval}) must be a multiple of page_size "
-            f"({cfg.page_size}), as SGLang requires"
-        )
+    check_page_multiple(
+        cfg.track_interval, "track_interval", cfg.page_size, why=", as SGLang requires"
+    )
     if (cfg.kv_units is None) != (cfg.state_slots is None):
         raise ValueError("kv_units and state_slots: give both (exact pool sizes) or neither")
     if cfg.kv_units is not None:

@@ -16,6 +16,7 @@ from array import array
 from typing import Any
 
 from mambaradix.pools import PagedKVAllocator, StateSlotAllocator, TokenKVAllocator
+from mambaradix.validate import check_page_multiple
 
 
 class NullStatePool:
@@ -130,7 +131,6 @@ def exact_pools(
     kv_units: int, state_slots: int, page: int
 ) -> tuple[TokenKVAllocator | PagedKVAllocator, StateSlotAllocator]:
     """Pools of exactly these sizes (e.g. an engine's, to predict its hits)."""
-    if kv_units % page:
-        raise ValueError(f"kv_units ({kv_units}) must be a multiple of the page ({page})")
+    check_page_multiple(kv_units, "kv_units", page, "the page")
     kv = TokenKVAllocator(kv_units) if page == 1 else PagedKVAllocator(kv_units, page)
     return kv, StateSlotAllocator(state_slots)

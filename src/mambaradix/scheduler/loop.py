@@ -47,6 +47,7 @@ from mambaradix.scheduler.sequence import (
     WAITING,
     Sequence,
 )
+from mambaradix.validate import check_page_multiple
 
 
 class Step(Names):
@@ -484,21 +485,13 @@ def track_grid(cache: CacheManager, interval: int) -> int:
 
 
 def _check_config(cache: CacheManager, cfg: SchedulerConfig) -> None:
-    page = cache.page_size
-    if cfg.chunk_tokens is not None and cfg.chunk_tokens % page:
-        raise ValueError(
-            f"chunk_tokens ({cfg.chunk_tokens}) must be a multiple of the page size ({page})"
-        )
-    align = cfg.truncation_align_size
-    if align is not None and align % page:
-        raise ValueError(
-            f"truncation_align_size ({align}) must be a multiple of the page size ({page})"
-        )
-    if cache.extra_buffer and cfg.track_interval % cache.page_size:
-        raise ValueError(
-            f"track_interval ({cfg.track_interval}) must be a multiple of the page size "
-            f"({cache.page_size})"
-        )
+    page, page_name = cache.page_size, "the page size"
+    if cfg.chunk_tokens is not None:
+        check_page_multiple(cfg.chunk_tokens, "chunk_tokens", page, page_name)
+    if cfg.truncation_align_size is not None:
+        check_page_multiple(cfg.truncation_align_size, "truncation_align_size", page, page_name)
+    if cache.extra_buffer:
+        check_page_multiple(cfg.track_interval, "track_interval", page, page_name)
 
 
 __all__ = ["DECODE", "IDLE", "PREEMPTED", "PREFILL", "STALLED", "Scheduler", "Step"]
