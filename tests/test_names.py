@@ -13,6 +13,7 @@ from mambaradix.lifecycle.strategy import Strategy
 from mambaradix.lifecycle.tiers import Level
 from mambaradix.names import Names
 from mambaradix.policies.kinds import Kind
+from mambaradix.policies.mambaradix import Label
 from mambaradix.policies.tier_rules import Choice, Split, StateRule
 from mambaradix.replay.explain import CATEGORIES
 from mambaradix.replay.explain.attribute import Category
@@ -42,6 +43,7 @@ FAMILIES = {
         "beyond_bound",
     ],
     Room: ["kv", "states", "both"],  # explain's evictions, by the pool they made room in
+    Label: ["branch", "prompt", "chunk", "finish"],  # our policy's classes: where a state was taken
 }  # fmt: skip
 
 

@@ -61,6 +61,7 @@ from typing import Any
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
 from mambaradix.lifecycle import Request
+from mambaradix.names import Names
 from mambaradix.policies import constants as C
 from mambaradix.policies.base import BasePolicy, PolicyContext
 from mambaradix.policies.density import HitDensity
@@ -69,7 +70,18 @@ from mambaradix.policies.kinds import CHUNK, FINISH, STOP
 from mambaradix.policies.seam import PolicyTree
 from mambaradix.validate import as_bool, as_finite_nonnegative, as_int_nonnegative
 
-BRANCH, PROMPT, CHUNK_END, FINISHED = "branch", "prompt", "chunk", "finish"
+
+class Label(Names):
+    """Where a state was taken, the first part of its class (module docstring): the
+    branch point, the prompt end, a chunk end, the finished sequence."""
+
+    BRANCH = "branch"
+    PROMPT = "prompt"
+    CHUNK_END = "chunk"
+    FINISHED = "finish"
+
+
+BRANCH, PROMPT, CHUNK_END, FINISHED = Label
 
 ABLATIONS: dict[str, dict[str, Any]] = {
     "mambaradix/without-prior": {"prior": 0.0},
@@ -124,7 +136,7 @@ class MambaRadix(BasePolicy):
         self.settings = Settings(**settings)
         self.shared_budget = self.settings.shared_budget
         self.density = HitDensity(self.settings.prior)
-        self.planned: dict[int, dict[int, str]] = {}  # id(req) -> position -> kind
+        self.planned: dict[int, dict[int, Label]] = {}  # id(req) -> position -> label
         self.rng = random.Random(C.RANK_SEED)
         self.known: dict[TreeNode, int] = {}  # state -> ticks until a waiting request hits it
         self.seen: dict[int, tuple[Request, TreeNode | None]] = {}  # waiting: the state it hits
@@ -146,7 +158,7 @@ class MambaRadix(BasePolicy):
     # ------------------------------------------------------------ admission
 
     def stops(self, req: Request) -> list[int]:
-        points: dict[int, str] = {}
+        points: dict[int, Label] = {}
         n = req.total_len
         if req.computed < req.kv_hit_len < n:
             points[req.kv_hit_len] = BRANCH
@@ -205,7 +217,7 @@ class MambaRadix(BasePolicy):
         self.planned.pop(id(req), None)
         return True
 
-    def _admit(self, req: Request, label: str) -> bool:
+    def _admit(self, req: Request, label: Label) -> bool:
         """Free slot: yes. Else: if worth more than the state it displaces."""
         if not self.settings.admission:
             return True
