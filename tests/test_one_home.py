@@ -214,6 +214,39 @@ def test_the_checks_can_fail() -> None:
     assert METHOD_PROBE.search("if not callable(getattr(owner, name, None)):")
 
 
+# Whether a policy replaces `build_memory` / `tree_page` (its own memory, its own page) was
+# asked by looking the method up by name on its class; `BasePolicy` now declares it
+# (`lays_out_memory`, `fixes_page`), set when each subclass is defined.
+CLASS_PROBE = re.compile(r"getattr\(type\(")
+
+
+def test_a_policy_s_own_memory_and_page_are_declared_not_looked_up() -> None:
+    found = [(p, i, s) for p, i, s in lines() if CLASS_PROBE.search(s)]
+    assert found == [], where(found)
+    assert CLASS_PROBE.search("getattr(type(policy), method) is not getattr(BasePolicy, method)")
+
+
+def test_the_declared_memory_and_page_follow_the_methods_a_class_replaces() -> None:
+    """By hand: a class that replaces `build_memory` (or inherits one that does) lays out
+    its memory; one that replaces only `tree_page` fixes the page and nothing more."""
+    from mambaradix.policies import make_policy, own_memory, own_page
+    from mambaradix.policies.base import BasePolicy
+    from mambaradix.policies.vllm import VLLM
+
+    class Page(BasePolicy):
+        def tree_page(self, profile: object, unit_tokens: int) -> int:  # type: ignore[override]
+            return 4
+
+    class Sub(VLLM):
+        pass
+
+    assert (own_memory(BasePolicy()), own_page(BasePolicy())) == (False, False)
+    assert (own_memory(Page()), own_page(Page())) == (False, True)
+    assert (own_memory(make_policy("vllm")), own_page(make_policy("vllm"))) == (True, True)
+    assert Sub.lays_out_memory and Sub.fixes_page
+    assert not make_policy("sglang").lays_out_memory and not make_policy("marconi").fixes_page
+
+
 # JSON codecs, not results: each returns the JSON of something typed or of JSON files.
 JSON_CODECS = {
     "to_json",  # a result's JSON view (`mambaradix.results`)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from mambaradix.core.node import TreeNode
 from mambaradix.core.results import EvictResult
@@ -132,6 +132,17 @@ class BasePolicy:
     pool: BlockPool | None = None
     """The block pool of a policy that keeps its own books of what is cached (vLLM's);
     None: the lifecycle's books are the only ones (the tiers check its conservation)."""
+    lays_out_memory: ClassVar[bool] = False
+    """Whether the class replaces `build_memory` (its upstream lays memory out its own
+    way: vLLM's block pool). Set for each subclass when it is defined, never by hand."""
+    fixes_page: ClassVar[bool] = False
+    """Whether the class replaces `tree_page` (its upstream fixes the tree's page: vLLM's
+    block). Set for each subclass when it is defined, never by hand."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.lays_out_memory = cls.build_memory is not BasePolicy.build_memory
+        cls.fixes_page = cls.tree_page is not BasePolicy.tree_page
 
     def one_budget(self, tiered: bool) -> bool:
         """Whether KV and states draw on one byte budget in the serving discipline, with
@@ -224,12 +235,13 @@ def own_memory(policy: Policy) -> bool:
     (`pool`, or a `build_memory` other than the base's: vLLM's). Wrappers are
     looked through; a policy not built on `BasePolicy` is judged by `pool` alone."""
     inner = _unwrapped(policy)
-    return inner.pool is not None or _overrides(inner, "build_memory")
+    return inner.pool is not None or (isinstance(inner, BasePolicy) and inner.lays_out_memory)
 
 
 def own_page(policy: Policy) -> bool:
     """Whether `policy` fixes the tree's page itself (`tree_page`: vLLM's block)."""
-    return _overrides(_unwrapped(policy), "tree_page")
+    inner = _unwrapped(policy)
+    return isinstance(inner, BasePolicy) and inner.fixes_page
 
 
 def _unwrapped(policy: Policy) -> Policy:
@@ -238,13 +250,6 @@ def _unwrapped(policy: Policy) -> Policy:
     while isinstance(policy, PolicyWrapper):
         policy = policy.inner
     return policy
-
-
-def _overrides(policy: Policy, method: str) -> bool:
-    """A `BasePolicy` whose class replaces the base's `method`."""
-    return isinstance(policy, BasePolicy) and getattr(type(policy), method) is not getattr(
-        BasePolicy, method
-    )
 
 
 def normalise(xs: list[float]) -> list[float]:
