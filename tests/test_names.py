@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
+from mambaradix.index.indexer import Role
 from mambaradix.lifecycle.strategy import Strategy
 from mambaradix.lifecycle.tiers import Level
 from mambaradix.names import Names
@@ -21,6 +22,7 @@ from mambaradix.replay.explain.records import Room
 from mambaradix.replay.routers import ROUTERS, RouterName, check_router_names, make_router
 from mambaradix.scheduler import Status, Step
 from mambaradix.scheduler.budget import Added
+from mambaradix.tiers import HitPolicy
 
 FAMILIES = {
     Strategy: ["no_buffer", "extra_buffer"],
@@ -44,6 +46,8 @@ FAMILIES = {
     ],
     Room: ["kv", "states", "both"],  # explain's evictions, by the pool they made room in
     Label: ["branch", "prompt", "chunk", "finish"],  # our policy's classes: where a state was taken
+    Role: ["kv", "state", "other", "unknown"],  # the indexer's block roles, by group kind
+    HitPolicy: ["all_pages", "trailing_pages"],  # SGLang's PoolHitPolicy values
 }  # fmt: skip
 
 

@@ -62,10 +62,23 @@ from mambaradix.events.model import (
     Event,
     check_block_size,
 )
+from mambaradix.names import Names
 from mambaradix.results import JsonResult
 
 log = logging.getLogger("mambaradix.index")
-_KV, _STATE, _OTHER, _UNKNOWN = "kv", "state", "other", "unknown"
+
+
+class Role(Names):
+    """What a stored block is to the indexer, by its group's kind: prefix KV, a
+    recurrent state, another kind (skipped), or a group whose kind is not known yet."""
+
+    KV = "kv"
+    STATE = "state"
+    OTHER = "other"
+    UNKNOWN = "unknown"
+
+
+_KV, _STATE, _OTHER, _UNKNOWN = Role
 _MAX_PENDING_STATES = 1 << 16
 
 
@@ -522,7 +535,7 @@ class Indexer:
         return None
 
     def _lower(
-        self, w: _Worker, medium: str, role: str, hashes: Iterable[int], stored: bool
+        self, w: _Worker, medium: str, role: Role, hashes: Iterable[int], stored: bool
     ) -> bool:
         """Blocks stored on (or removed from) a lower tier: counted by hash, per medium
         (False: skipped, an unknown medium or role). A removal of an unknown group drops
@@ -542,7 +555,7 @@ class Indexer:
                 held.difference_update(hashes)
         return True
 
-    def _stored_low(self, w: _Worker, e: BlockStored, medium: str, role: str) -> None:
+    def _stored_low(self, w: _Worker, e: BlockStored, medium: str, role: Role) -> None:
         """A store on HOST or DISK, placed in the trie: KV by its tokens under its parent
         (any tier), a placeholder (hashes alone) or a state by the blocks its hashes name."""
         tier = w.low[medium]
@@ -610,7 +623,7 @@ class Indexer:
             _forget_if_gone(w.id, node)
             _prune(node)
 
-    def _removed_low(self, w: _Worker, e: BlockRemoved, medium: str, role: str) -> None:
+    def _removed_low(self, w: _Worker, e: BlockRemoved, medium: str, role: Role) -> None:
         tier = w.low[medium]
         for h in e.block_hashes:
             tier.pending_states.discard(h)
@@ -643,7 +656,7 @@ class Indexer:
                     self._release(w, gone)
         return None
 
-    def _role(self, w: _Worker, group: int | None, kind: str | None) -> str:
+    def _role(self, w: _Worker, group: int | None, kind: str | None) -> Role:
         if kind is None and group is not None:
             kind = w.group_kinds.get(group)
         if kind is None:

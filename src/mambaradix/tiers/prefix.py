@@ -18,13 +18,13 @@ Pure standard library.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from enum import Enum
 from typing import NamedTuple
 
+from mambaradix.names import Names
 from mambaradix.tiers.keys import KV, MAMBA, check_pool
 
 
-class HitPolicy(str, Enum):
+class HitPolicy(Names):
     """Which pages of a prefix a pool must hold (SGLang's ``PoolHitPolicy``)."""
 
     ALL_PAGES = "all_pages"
