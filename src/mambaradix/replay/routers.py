@@ -206,8 +206,7 @@ def check_router_names(names: list[str], name: str) -> None:
 def make_router(name: str, weight: float = 1.0) -> Router:
     """A fresh router (routers keep state: the round-robin position, sessions)."""
     if name not in ROUTERS:
-        raise ValueError(
-            f"unknown router {name!r}; choose from {', '.join(ROUTERS)}{suggest(str(name), ROUTERS)}"
-        )
+        hint = suggest(str(name), ROUTERS)
+        raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}{hint}")
     cls = ROUTERS[RouterName(name)]
     return cls(weight) if issubclass(cls, CostRouter) else cls()
