@@ -1,9 +1,10 @@
 """L3 store on a Mooncake distributed store (optional extra ``mambaradix[mooncake]``).
 
 One Mooncake object per bundle, written with ``upsert_parts``: the master publishes an
-object only after all its replicas are written (put start / put end), so readers see the
-whole previous or the whole new object. SGLang's backend instead splits a Mamba state into
-one object per tensor (``{key}_{rank}_temporal``, ``{key}_{rank}_conv_{i}``,
+object only after all its replicas are written (put start / put end) and hides it while an
+upsert rewrites it, so `get` returns the whole previous or the whole new object, or a miss
+(a torn read, below). SGLang's backend instead splits a Mamba state into one object per tensor
+(``{key}_{rank}_temporal``, ``{key}_{rank}_conv_{i}``,
 ``storage/mooncake_store/mooncake_store.py:945-953``), which a crash can leave half written;
 ours keeps the state's parts in one object, named as the file store names it.
 
@@ -17,15 +18,15 @@ gone) raises StoreUnavailable. A `get` cannot tell an unreachable master from a 
 client returns empty bytes for both): a counted miss. An object read in the last few seconds
 holds a lease and `delete` leaves it (counted as not removed).
 
-A read can be torn: an upsert of an object of the same size rewrites its buffers in place, and
-a read that got the object's location before the upsert started copies whatever is there
-(readers hold no reference the upsert waits for; measured: 44 torn of 1,610 reads of one key
-rewritten in a loop). The bundle's checksum makes that a counted corrupt miss; the object is
-removed (``force``, past a reader's lease) only when a second read returns the very bytes that
-failed, since the master serves a read only from a finished write: a torn read is not repeated,
-so a torn read never deletes the version just written (and acknowledged). A put landing
-between that second read and the remove is lost with the corrupt object: Mooncake has no
-conditional remove.
+A read can be torn: an upsert of an object of the same size rewrites its buffers in place,
+and a read that got the object's location before the upsert started copies whatever is there
+(readers hold no reference the upsert waits for; the slow test's driver saw 44 torn of 1,453
+reads of one key rewritten in a loop). The bundle's checksum makes that a counted corrupt
+miss. The object is removed (``force``, past a reader's lease) only when a second read
+returns the very bytes that failed: the master serves a read only from a finished write, so a
+torn read is not repeated, and a torn read never deletes the version just written (and
+acknowledged). A put landing between that second read and the remove is lost with the
+corrupt object: Mooncake has no conditional remove.
 """
 
 from __future__ import annotations
