@@ -172,7 +172,7 @@ def main() -> None:
     try:
         report: dict[str, object] = scenarios(addr, metadata, master)
         report["crash"] = crash(addr, metadata, master, rounds)
-        report["torn_reads"] = torn_reads(addr, metadata, master, 3.0)  # same keys: after
+        report["torn_reads"] = torn_reads(addr, metadata, master, 3.0)  # after: crash's keys
         report["unreachable"] = unreachable(addr, metadata)
     finally:
         master_proc.kill()
