@@ -3,8 +3,9 @@
 Mooncake's transfer engine needs a non-loopback address, so the test gives this script a
 namespace holding a veth pair with ``ADDR`` on one end (``python mooncake_driver.py ADDR``).
 Here it starts ``mooncake_master`` (with its HTTP metadata server) on loopback, checks the
-store against hand-written expectations, kills SIGKILLed writers (tests/tiers_crash.py),
-stops the master, and prints one JSON line of what it saw. Every wait is bounded.
+store against hand-written expectations, kills SIGKILLed writers (tests/tiers_crash.py), reads
+an object a writer rewrites in place, stops the master, and prints one JSON line of what
+it saw. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 import mooncake
 
@@ -29,6 +31,9 @@ from mambaradix.tiers import (
     page_hashes,
 )
 from mambaradix.tiers.mooncake_store import MooncakeStore
+
+sys.path.insert(0, os.path.dirname(__file__))
+import tiers_crash  # noqa: E402  (tests/ is not a package)
 
 NS = Namespace("mooncake/model")
 CHAIN = page_hashes(list(range(32)), 8)  # 4 pages
@@ -103,12 +108,50 @@ def scenarios(addr: str, metadata: str, master: str) -> dict[str, object]:
     return seen
 
 
-def crash(addr: str, metadata: str, master: str, rounds: int) -> dict[str, int]:
-    sys.path.insert(0, os.path.dirname(__file__))
-    from tiers_crash import crash_rounds
+class CountingRemoves:
+    """The Mooncake client, counting the `remove` calls the store makes through it."""
 
-    out = crash_rounds("mooncake", f"{addr}|{metadata}|{master}", rounds=rounds,
-                       part_bytes=1 << 20, seed=6, overwrite_hides_old=True)
+    def __init__(self, client: Any) -> None:
+        self.client, self.removes = client, 0
+
+    def remove(self, *args: Any) -> int:
+        self.removes += 1
+        return int(self.client.remove(*args))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def torn_reads(addr: str, metadata: str, master: str, seconds: float) -> dict[str, int]:
+    """Read one object for `seconds` while a writer process rewrites it with objects of the
+    same size (Mooncake's upsert then reuses the buffers, in place): every object read is a
+    whole version, and a torn read (a counted corrupt miss) must not remove the object."""
+    target = f"{addr}|{metadata}|{master}"
+    reader = tiers_crash.open_store("mooncake", target)
+    counting = reader._store = CountingRemoves(reader._store)
+    cmd = [sys.executable, tiers_crash.__file__, "mooncake", target, "7", "0", str(1 << 20), "1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    writer = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
+    reads = 0
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and writer.poll() is None:
+            (parts,) = reader.get(tiers_crash.KEYS[:1])
+            if parts is not None:
+                tiers_crash.version_of(0, parts, 1 << 20)
+            reads += 1
+        assert writer.poll() is None, f"the writer exited with {writer.returncode}"
+    finally:
+        writer.kill()
+        writer.wait(WAIT_S)
+    seen = {"reads": reads, "torn": reader.stats().corrupt, "removed": counting.removes}
+    reader.close()
+    return seen
+
+
+def crash(addr: str, metadata: str, master: str, rounds: int) -> dict[str, int]:
+    out = tiers_crash.crash_rounds("mooncake", f"{addr}|{metadata}|{master}", rounds=rounds,
+                                   part_bytes=1 << 20, seed=6, overwrite_hides_old=True)
     return {"rounds": out.rounds, "acks": out.acks, "reads_checked": out.reads_checked,
             "missing_while_writing": out.missing_while_writing,
             "lost_by_kill": out.lost_by_kill}
@@ -129,6 +172,7 @@ def main() -> None:
     try:
         report: dict[str, object] = scenarios(addr, metadata, master)
         report["crash"] = crash(addr, metadata, master, rounds)
+        report["torn_reads"] = torn_reads(addr, metadata, master, 3.0)  # after: crash's keys
         report["unreachable"] = unreachable(addr, metadata)
     finally:
         master_proc.kill()

@@ -48,6 +48,7 @@ def test_mooncake_store_in_a_network_namespace():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["too_big_code"] < 0
+    assert report["torn_reads"]["reads"] > 0 and report["torn_reads"]["removed"] == 0
     assert report["crash"]["rounds"] == 8 and report["crash"]["acks"] >= 8
     assert "unreachable" in report["unreachable"]
     stats = report["stats"]

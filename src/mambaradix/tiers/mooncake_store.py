@@ -1,9 +1,10 @@
 """L3 store on a Mooncake distributed store (optional extra ``mambaradix[mooncake]``).
 
 One Mooncake object per bundle, written with ``upsert_parts``: the master publishes an
-object only after all its replicas are written (put start / put end), so readers see the
-whole previous or the whole new object. SGLang's backend instead splits a Mamba state into
-one object per tensor (``{key}_{rank}_temporal``, ``{key}_{rank}_conv_{i}``,
+object only after all its replicas are written (put start / put end) and hides it while an
+upsert rewrites it, so `get` returns the whole previous or the whole new object, or a miss
+(a torn read, below). SGLang's backend instead splits a Mamba state into one object per tensor
+(``{key}_{rank}_temporal``, ``{key}_{rank}_conv_{i}``,
 ``storage/mooncake_store/mooncake_store.py:945-953``), which a crash can leave half written;
 ours keeps the state's parts in one object, named as the file store names it.
 
@@ -15,8 +16,17 @@ Objects live in memory segments that clients mount (a client may mount none:
 exceeds the client's local buffer) is refused and counted; -900 (RPC_FAIL: the master is
 gone) raises StoreUnavailable. A `get` cannot tell an unreachable master from a miss (the
 client returns empty bytes for both): a counted miss. An object read in the last few seconds
-holds a lease and `delete` leaves it (counted as not removed); a corrupt one is removed with
-``force``.
+holds a lease and `delete` leaves it (counted as not removed).
+
+A read can be torn: an upsert of an object of the same size rewrites its buffers in place,
+and a read that got the object's location before the upsert started copies whatever is there
+(readers hold no reference the upsert waits for; the slow test's driver saw 44 torn of 1,453
+reads of one key rewritten in a loop). The bundle's checksum makes that a counted corrupt
+miss. The object is removed (``force``, past a reader's lease) only when a second read
+returns the very bytes that failed: the master serves a read only from a finished write, so a
+torn read is not repeated, and a torn read never deletes the version just written (and
+acknowledged). A put landing between that second read and the remove is lost with the
+corrupt object: Mooncake has no conditional remove.
 """
 
 from __future__ import annotations
@@ -90,7 +100,7 @@ class MooncakeStore(BlobStore):
 
     def _read(self, name: str) -> Blob | None:
         value = self._client().get(name)
-        return Blob(memoryview(value)) if value else None  # b"": absent
+        return Blob(memoryview(value), value) if value else None  # b"": absent
 
     def _exists(self, names: list[str]) -> list[bool]:
         if not names:
@@ -104,4 +114,5 @@ class MooncakeStore(BlobStore):
         return sum(self._client().remove(name) == 0 for name in names)
 
     def _discard(self, name: str, token: Any) -> None:
-        self._client().remove(name, True)  # force: past a reader's lease
+        if self._client().get(name) == token:  # not a torn read: the same bytes again
+            self._client().remove(name, True)  # force: past a reader's lease
