@@ -21,6 +21,7 @@ happen.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import random
 from array import array
 from collections import Counter
@@ -343,8 +344,12 @@ def _maybe_abort(
         ("waiting", shape.abort_waiting, lambda s: s.waiting),
     ]
     for kind, p, queue in queues:
+        # the draw first, as before (one draw per queue per step), the candidates only when
+        # it hits: sorting a long waiting queue every step was a quarter of the run
+        if rng.random() >= p:
+            continue
         candidates = sorted(s.id for s in queue(a.sched) if not s.to_finish)
-        if rng.random() >= p or not candidates:
+        if not candidates:
             continue
         victim = rng.choice(candidates)
         for side in (a, b):
@@ -357,12 +362,15 @@ def _maybe_abort(
             raise AssertionError(f"aborted request {victim}: cached tokens {got}")
 
 
+_ID = operator.attrgetter("id")  # ids of a queue: map() is about 2x a comprehension
+
+
 def _state(side: Side) -> dict[str, Any]:
     s, c = side.sched, side.cache
     return {
-        "waiting": [q.id for q in s.waiting],
-        "prefilling": [q.id for q in s.prefilling],
-        "running": [q.id for q in s.running],
+        "waiting": list(map(_ID, s.waiting)),
+        "prefilling": list(map(_ID, s.prefilling)),
+        "running": list(map(_ID, s.running)),
         "full evictable": c.tree.full_evictable_size(),
         "full protected": c.tree.full_protected_size(),
         "state evictable": c.tree.state_evictable_size(),
