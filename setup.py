@@ -1,10 +1,9 @@
 """The optional compiled build (docs/build.md); everything else is in pyproject.toml.
 
-Cython compiles the hot modules of the core and of the replay's serving path
-(`mambaradix._build.COMPILED`) as they are, each into `mambaradix/_compiled/<stem>_<source
-tag>` (`_build.compiled_stem`). Optional: without Cython, without a C compiler, or with
-MAMBARADIX_NO_COMPILE=1, the install succeeds with the pure-Python modules, and
-`mambaradix.BUILD` says "pure".
+Cython compiles the hot modules (`mambaradix._build.COMPILED`, today the core's) as they
+are, each into `mambaradix/_compiled/<stem>_<source tag>` (`_build.compiled_stem`).
+Optional: without Cython, without a C compiler, or with MAMBARADIX_NO_COMPILE=1, the
+install succeeds with the pure-Python modules, and `mambaradix.BUILD` says "pure".
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""The replay's cells on whichever build loads, as JSON: `python tests/serving_builds.py
-REQUESTS MEMORIES` runs the first REQUESTS requests of the bundled Mooncake trace through
-every default policy at each memory point (GB, comma-separated), as the main job does,
-and prints the build (what `mambaradix.BUILD` says and what the module files are) and
-the modules of `mambaradix._build.COMPILED` the run did not import on the first line, then every cell's full result (each request's hits too; the wall-clock
-fields left out) as one JSON line.
+"""The replay's cells on whichever build loads, as JSON.
+
+`python tests/serving_builds.py REQUESTS MEMORIES` runs the first REQUESTS requests of the
+bundled Mooncake trace through every default policy at each memory point (GB,
+comma-separated), as the main job does. It prints on its first line the build (what
+`mambaradix.BUILD` says, then what the module files are) and the modules of
+`mambaradix._build.COMPILED` the run did not import; on its second, every cell's full
+result (each request's hits too; the wall-clock fields left out) as JSON.
 
 tests/test_compiled.py runs it twice, once with MAMBARADIX_PURE=1: the two JSON lines
-must be equal (the compiled serving path decides as the pure one).
+must be equal (the compiled modules decide within the replay as the pure ones).
 """
 
 from __future__ import annotations

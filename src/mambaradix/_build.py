@@ -1,9 +1,9 @@
 """Which build runs: the compiled one (Cython) or the pure-Python one.
 
-The compiled build (docs/build.md) is the hot modules of the core and of the replay's
-serving path (`COMPILED`, full module names) compiled as they are by Cython, each into
+The compiled build (docs/build.md) is the hot modules (`COMPILED`, full module names:
+today the core's) compiled as they are by Cython, each into
 `mambaradix/_compiled/<stem>_<tag>.<ext suffix>`, where `<stem>` is the module's path in
-the package (`core__tree`, `pools___freelist`: dots as `__`) and `<tag>` is the SHA-256
+the package (`core__tree`: dots as `__`) and `<tag>` is the SHA-256
 (first 16 hex digits) of the `.py` it was compiled from. Nothing imports those files by
 their own names: `CompiledCore`, a meta-path finder that `mambaradix/__init__.py` installs
 before the core is first imported, hands each module of `COMPILED` its compiled file only
@@ -31,37 +31,11 @@ from pathlib import Path
 from types import ModuleType
 
 PURE_ENV = "MAMBARADIX_PURE"
-CORE_MODULES = ("keys", "node", "lru", "ownership", "unified", "tree")  # standard library only
-SERVING_MODULES = (  # the replay's serving path, below the core (docs/build.md)
-    "pools._checks",
-    "pools._freelist",
-    "pools.ownership",
-    "pools.req_to_token",
-    "pools.kv",
-    "pools.state",
-    "replay.memory",
-    "replay.sessions",
-    "replay.serving",
-    "scheduler.sequence",
-    "scheduler.budget",
-    "scheduler.forward",
-    "scheduler.loop",
-    "lifecycle.request",
-    "lifecycle.manager",
-    "geometry.profile",
-    "policies.base",
-    "policies.items",
-    "policies.density",
-    "policies.mambaradix",
-    "policies.marconi",
-    "policies.sglang",
-    "policies.vllm",
-    "policies.vllm_020",
-    "policies.vllm_blocks",
-    "policies.vllm_pool",
-)
-COMPILED = tuple(f"mambaradix.core.{n}" for n in CORE_MODULES) + tuple(
-    f"mambaradix.{n}" for n in SERVING_MODULES
+# Full module names: any module of the package may be listed. The core's hot modules, and
+# only those: the replay's serving path (pools, scheduler, lifecycle, policies), compiled as
+# it is, ran no faster (docs/build.md, "The serving path").
+COMPILED = tuple(
+    f"mambaradix.core.{name}" for name in ("keys", "node", "lru", "ownership", "unified", "tree")
 )
 PACKAGE = Path(__file__).resolve().parent
 OUT = PACKAGE / "_compiled"
