@@ -155,7 +155,7 @@ def test_compiled_and_pure_serve_alike() -> None:
 @pytest.mark.slow
 def test_compiled_and_pure_serve_alike_long() -> None:
     require_compiled()
-    serve_on_both(3000, "20,40,80,160")  # about a minute on each build
+    serve_on_both(3000, "20,40,80,160")  # about 40 s of CPU on each build
 
 
 @pytest.mark.slow
