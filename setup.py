@@ -1,9 +1,9 @@
-"""The optional compiled build of the core (docs/build.md); everything else is in pyproject.toml.
+"""The optional compiled build (docs/build.md); everything else is in pyproject.toml.
 
-Cython compiles the core's hot modules (`mambaradix._build.COMPILED`) as they are, each into
-`mambaradix/_compiled/<name>_<source tag>`. Optional: without Cython, without a C compiler,
-or with MAMBARADIX_NO_COMPILE=1, the install succeeds with the pure-Python core, and
-`mambaradix.BUILD` says "pure".
+Cython compiles the hot modules (`mambaradix._build.COMPILED`, today the core's) as they
+are, each into `mambaradix/_compiled/<stem>_<source tag>` (`_build.compiled_stem`).
+Optional: without Cython, without a C compiler, or with MAMBARADIX_NO_COMPILE=1, the
+install succeeds with the pure-Python modules, and `mambaradix.BUILD` says "pure".
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-CORE = Path("src/mambaradix/core")
+SRC = Path("src")
 
 
 def load_build_module() -> ModuleType:
     """src/mambaradix/_build.py by path: importing the package would need its dependencies."""
-    path = ROOT / CORE.parent / "_build.py"
+    path = ROOT / SRC / "mambaradix" / "_build.py"
     spec = importlib.util.spec_from_file_location("_mambaradix_build", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -36,20 +36,23 @@ class OptionalBuildExt(build_ext):
     core in place (a partial build is never loaded, see mambaradix/_build.py)."""
 
     def run(self) -> None:
+        if self.editable_mode or self.inplace:  # the copy into src/ needs the folder
+            # (here: setuptools' run() turns `inplace` off while it builds)
+            os.makedirs(SRC / "mambaradix" / "_compiled", exist_ok=True)
         try:
             super().run()
         except Exception as e:  # no compiler, no Python headers: the pure core serves
-            warn(f"compiled core not built ({type(e).__name__}: {e}); the pure-Python core runs")
+            warn(f"compiled core not built ({type(e).__name__}: {e}); the pure-Python modules run")
 
     def build_extensions(self) -> None:
         try:
             from Cython.Build import cythonize
         except ImportError:
-            warn("Cython is not installed; the pure-Python core runs")
+            warn("Cython is not installed; the pure-Python modules run")
             return
         c_dir = os.path.join(self.build_temp, "cython")
         for ext in self.extensions:  # one thread: Cython itself is not run in parallel
-            name = "mambaradix.core." + Path(ext.sources[0]).stem  # the module keeps its name
+            name = module_name(ext.sources[0])  # the module keeps its name
             (c_ext,) = cythonize(
                 [Extension(name, ext.sources)],
                 build_dir=c_dir,
@@ -59,8 +62,6 @@ class OptionalBuildExt(build_ext):
                 quiet=True,
             )
             ext.sources = list(c_ext.sources)
-        if self.editable_mode or self.inplace:  # the copy into src/ needs the folder
-            os.makedirs(CORE.parent / "_compiled", exist_ok=True)
         self.parallel = self.parallel or os.cpu_count() or 1  # gcc runs, one per core
         super().build_extensions()
 
@@ -68,7 +69,12 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as e:
-            warn(f"{ext.name} not built ({type(e).__name__}: {e}); the pure-Python core runs")
+            warn(f"{ext.name} not built ({type(e).__name__}: {e}); the pure-Python modules run")
+
+
+def module_name(source: str) -> str:
+    """`src/mambaradix/pools/kv.py` -> `mambaradix.pools.kv`."""
+    return ".".join(Path(source).relative_to(SRC).with_suffix("").parts)
 
 
 def warn(text: str) -> None:
@@ -81,9 +87,11 @@ def extensions() -> list[Extension]:
     build = load_build_module()
     return [
         Extension(
-            f"mambaradix._compiled.{name}_{build.source_tag(ROOT / CORE / f'{name}.py')}",
-            [str(CORE / f"{name}.py")],
-            extra_compile_args=["-O2", "-g0"],  # no debug info: half the compile time
+            f"mambaradix._compiled.{build.compiled_stem(name)}",
+            [str(build.source_of(name).relative_to(ROOT))],
+            # no debug info: half the compile time; no fused multiply-add: C arithmetic on
+            # floats rounds as the interpreter's does
+            extra_compile_args=["-O2", "-g0", "-ffp-contract=off"],
         )
         for name in build.COMPILED
     ]

@@ -1,8 +1,10 @@
-"""The compiled core and its pure-Python reference (mambaradix/_build.py, docs/build.md).
+"""The compiled build and its pure-Python reference (mambaradix/_build.py, docs/build.md).
 
 The compiled build must decide exactly as the pure one: tests/core_builds.py drives both
-through one seeded sequence, comparing every result, error, node id and tree. When the
-compiled build is absent that test skips, unless MAMBARADIX_REQUIRE_COMPILED=1 (as
+cores through one seeded sequence, comparing every result, error, node id and tree, and
+tests/serving_builds.py runs the main job's cells (every default policy, the first
+requests of the Mooncake trace) on each build, whose results must be equal. When the
+compiled build is absent those tests skip, unless MAMBARADIX_REQUIRE_COMPILED=1 (as
 scripts/test.sh sets), where its absence fails."""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib.machinery
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,8 @@ from mambaradix import _build
 TESTS = Path(__file__).resolve().parent
 PACKAGE_ROOT = Path(mambaradix.__file__).resolve().parents[1]  # src/, or site-packages
 REQUIRE_ENV = "MAMBARADIX_REQUIRE_COMPILED"
-CORE_NAMES = ("keys", "node", "lru", "ownership", "unified", "tree")  # the hot modules
+CORE_NAMES = ("keys", "node", "lru", "ownership", "unified", "tree")  # the tree's hot modules
+SRC = Path(_build.__file__).resolve().parents[1]
 
 
 def run_python(code: list[str], **env: str) -> subprocess.CompletedProcess[str]:
@@ -31,7 +35,7 @@ def run_python(code: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     full["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), str(TESTS)])
     full.update(env)
     return subprocess.run(
-        [sys.executable, *code], env=full, capture_output=True, text=True, timeout=120
+        [sys.executable, *code], env=full, capture_output=True, text=True, timeout=600
     )
 
 
@@ -55,7 +59,13 @@ main(['--version'])
 
 
 def test_the_hot_modules_are_the_ones_compiled() -> None:
-    assert set(_build.COMPILED) == set(CORE_NAMES)
+    """The core's hot modules, and beside them only modules of the package, each once."""
+    compiled = set(_build.COMPILED)
+    assert len(compiled) == len(_build.COMPILED)
+    assert {f"mambaradix.core.{n}" for n in CORE_NAMES} <= compiled
+    for name in compiled:
+        assert name.startswith("mambaradix.")
+        assert (SRC.joinpath(*name.split(".")).with_suffix(".py")).is_file(), name
 
 
 def test_report_matches_the_module_files() -> None:
@@ -79,17 +89,23 @@ def test_pure_env_forces_the_pure_core(pure: str) -> None:
 
 def test_a_build_from_other_source_is_not_loaded(tmp_path: Path) -> None:
     """The finder takes a compiled file only if its name carries the SHA-256 of today's
-    source (an edited .py must never run as its old compiled self)."""
+    source (an edited .py must never run as its old compiled self), for every module."""
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    core = Path(_build.__file__).parent / "core"
-    for name in CORE_NAMES:
-        digest = hashlib.sha256((core / f"{name}.py").read_bytes()).hexdigest()[:16]
-        (tmp_path / f"{name}_{digest}{suffix}").write_bytes(b"")
+    for name in _build.COMPILED:
+        parts = name.split(".")[1:]  # mambaradix.pools.kv -> pools__kv_<digest>
+        source = SRC.joinpath("mambaradix", *parts).with_suffix(".py")
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+        (tmp_path / f"{'__'.join(parts)}_{digest}{suffix}").write_bytes(b"")
     found = _build.compiled_files(tmp_path)
-    assert found is not None and sorted(found) == sorted(f"mambaradix.core.{n}" for n in CORE_NAMES)
-    stale = next(tmp_path.glob("tree_*"))
-    stale.rename(tmp_path / f"tree_{'0' * 16}{suffix}")
-    assert _build.compiled_files(tmp_path) is None
+    assert found is not None and sorted(found) == sorted(_build.COMPILED)
+    assert len(set(found.values())) == len(found)
+    for name in (_build.COMPILED[0], _build.COMPILED[-1]):  # one stale module: none loads
+        stem = "__".join(name.split(".")[1:]) + "_"
+        stale = next(tmp_path.glob(f"{stem}*"))
+        stale.rename(tmp_path / f"{stem}{'0' * 16}{suffix}")
+        assert _build.compiled_files(tmp_path) is None
+        stale.with_name(f"{stem}{'0' * 16}{suffix}").rename(stale)
+        assert _build.compiled_files(tmp_path) is not None
 
 
 def require_compiled() -> None:
@@ -112,6 +128,34 @@ def test_compiled_and_pure_decide_alike() -> None:
     out = run_python([str(TESTS / "core_builds.py"), "2", "300"])
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("same:") == 12  # 3 modes x 2 page sizes x 2 seeds
+
+
+def serve_on_both(requests: int, memories: str) -> None:
+    """The main job's cells on the first `requests` requests at `memories` (GB) on each
+    build, in a process of its own: every result equal, every compiled module used."""
+    args = [str(TESTS / "serving_builds.py"), str(requests), memories]
+    with ThreadPoolExecutor(len(BUILDS)) as pool:  # the two processes side by side
+        started = {b: pool.submit(run_python, args, MAMBARADIX_PURE=p) for b, p in BUILDS}
+        runs = {build: run.result() for build, run in started.items()}
+    for build, out in runs.items():
+        assert out.returncode == 0, out.stderr[-3000:]
+        report, files, *unused = out.stdout.splitlines()[0].split()
+        assert (report, files, unused) == (build, build, [])
+    assert runs["compiled"].stdout.splitlines()[1] == runs["pure"].stdout.splitlines()[1]
+
+
+BUILDS = (("compiled", "0"), ("pure", "1"))
+
+
+def test_compiled_and_pure_serve_alike() -> None:
+    require_compiled()
+    serve_on_both(400, "20,80")
+
+
+@pytest.mark.slow
+def test_compiled_and_pure_serve_alike_long() -> None:
+    require_compiled()
+    serve_on_both(3000, "20,40,80,160")  # about 40 s of CPU on each build
 
 
 @pytest.mark.slow

@@ -1,11 +1,13 @@
-"""Which build of the core runs: the compiled one (Cython) or the pure-Python one.
+"""Which build runs: the compiled one (Cython) or the pure-Python one.
 
-The compiled build (docs/build.md) is the core's hot modules (`COMPILED`) compiled as they
-are by Cython, each into `mambaradix/_compiled/<name>_<tag>.<ext suffix>`, where `<tag>` is
-the SHA-256 (first 16 hex digits) of the `.py` it was compiled from. Nothing imports those
-files by their own names: `CompiledCore`, a meta-path finder that `mambaradix/__init__.py`
-installs before the core is first imported, hands `mambaradix.core.<name>` the compiled
-file only when every module of `COMPILED` has one whose tag is that of today's source. So:
+The compiled build (docs/build.md) is the hot modules (`COMPILED`, full module names:
+today the core's) compiled as they are by Cython, each into
+`mambaradix/_compiled/<stem>_<tag>.<ext suffix>`, where `<stem>` is the module's path in
+the package (`core__tree`: dots as `__`) and `<tag>` is the SHA-256
+(first 16 hex digits) of the `.py` it was compiled from. Nothing imports those files by
+their own names: `CompiledCore`, a meta-path finder that `mambaradix/__init__.py` installs
+before the core is first imported, hands each module of `COMPILED` its compiled file only
+when every module of `COMPILED` has one whose tag is that of today's source. So:
 
 * an edited `.py` (a stale build) loads as pure Python, all of it, never a mix;
 * MAMBARADIX_PURE=1 (anything but "" or "0") installs no finder: the pure code runs;
@@ -29,9 +31,13 @@ from pathlib import Path
 from types import ModuleType
 
 PURE_ENV = "MAMBARADIX_PURE"
-COMPILED = ("keys", "node", "lru", "ownership", "unified", "tree")  # mambaradix.core.<name>
+# Full module names: any module of the package may be listed. The core's hot modules, and
+# only those: the replay's serving path (pools, scheduler, lifecycle, policies), compiled as
+# it is, ran no faster (docs/build.md, "The serving path").
+COMPILED = tuple(
+    f"mambaradix.core.{name}" for name in ("keys", "node", "lru", "ownership", "unified", "tree")
+)
 PACKAGE = Path(__file__).resolve().parent
-CORE = PACKAGE / "core"
 OUT = PACKAGE / "_compiled"
 
 
@@ -40,16 +46,27 @@ def source_tag(source: Path) -> str:
     return hashlib.sha256(source.read_bytes()).hexdigest()[:16]
 
 
+def source_of(name: str) -> Path:
+    """The `.py` of the module `name` (`mambaradix.pools.kv` -> `<package>/pools/kv.py`)."""
+    return PACKAGE.joinpath(*name.split(".")[1:]).with_suffix(".py")
+
+
+def compiled_stem(name: str) -> str:
+    """The file name, less its suffix, of the compiled module `name` built from today's
+    source (`mambaradix.core.tree` -> `core__tree_<tag>`)."""
+    return "__".join(name.split(".")[1:]) + "_" + source_tag(source_of(name))
+
+
 def compiled_files(out: Path = OUT) -> dict[str, Path] | None:
-    """mambaradix.core.<name> -> its compiled file for today's source, for every name of
-    `COMPILED`; None when any one is missing (not built, or built from other source)."""
+    """Module name -> its compiled file for today's source, for every name of `COMPILED`;
+    None when any one is missing (not built, or built from other source)."""
     found: dict[str, Path] = {}
     for name in COMPILED:
-        stem = f"{name}_{source_tag(CORE / f'{name}.py')}"
+        stem = compiled_stem(name)
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
             path = out / f"{stem}{suffix}"
             if path.is_file():
-                found[f"mambaradix.core.{name}"] = path
+                found[name] = path
                 break
         else:
             return None
@@ -57,7 +74,7 @@ def compiled_files(out: Path = OUT) -> dict[str, Path] | None:
 
 
 class CompiledCore:
-    """Meta-path finder: `mambaradix.core.<name>` from its compiled file."""
+    """Meta-path finder: each module of `COMPILED` from its compiled file."""
 
     def __init__(self, files: dict[str, Path]) -> None:
         self.files = files
@@ -79,7 +96,8 @@ def pure_wanted() -> bool:
 
 def install() -> str:
     """Install the finder if the compiled build is wanted and complete; return the build
-    that will load ("compiled" or "pure"). Call before the core is first imported."""
+    that will load ("compiled" or "pure"). Call before any module of `COMPILED` is first
+    imported."""
     # at most one finder, this call's (mambaradix imported again after sys.modules was
     # cleared, by a test or a benchmark loading both builds, brings a new module's class)
     sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "CompiledCore"]
@@ -91,16 +109,24 @@ def install() -> str:
 
 
 def loaded_build() -> str:
-    """The build the imported core modules come from, read from their files: "compiled",
-    "pure", or "mixed" (never expected: the finder loads all of them or none). Call after
-    the core is imported (`import mambaradix` imports it)."""
+    """The build the imported modules of `COMPILED` come from, read from their files:
+    "compiled", "pure", or "mixed" (never expected: the finder loads all of them or none).
+    Call after the core is imported (`import mambaradix` imports it)."""
     kinds = set()
     for name in COMPILED:
-        module = sys.modules.get(f"mambaradix.core.{name}")
+        module = sys.modules.get(name)
         if module is not None:
             is_py = str(getattr(module, "__file__", "")).endswith(".py")
             kinds.add("pure" if is_py else "compiled")
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
-__all__ = ["COMPILED", "CompiledCore", "install", "loaded_build", "source_tag"]
+__all__ = [
+    "COMPILED",
+    "CompiledCore",
+    "compiled_stem",
+    "install",
+    "loaded_build",
+    "source_of",
+    "source_tag",
+]
