@@ -153,12 +153,6 @@ def test_compiled_and_pure_serve_alike() -> None:
 
 
 @pytest.mark.slow
-def test_compiled_and_pure_serve_alike_long() -> None:
-    require_compiled()
-    serve_on_both(3000, "20,40,80,160")  # about 40 s of CPU on each build
-
-
-@pytest.mark.slow
 def test_compiled_and_pure_decide_alike_long() -> None:
     require_compiled()
     out = run_python([str(TESTS / "core_builds.py"), "4", "3000"])  # about 20 s
