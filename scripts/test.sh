@@ -11,7 +11,7 @@ bash scripts/setup-dynamo.sh   # Dynamo's indexer, in its own venv, for the inte
 # The compiled core (setup.py, docs/build.md) must have been built: tests/test_compiled.py
 # fails without it here instead of skipping. Python 3.10 runs the pure core.
 export MAMBARADIX_REQUIRE_COMPILED=1
-.venv/bin/python -m pytest "$@"                 # the default tier (<= 90 s on 2 idle cores)
-MAMBARADIX_REQUIRE_COMPILED=0 MAMBARADIX_PURE=1 bash scripts/test-py310.sh "$@"  # 3.10, pure core
+.venv/bin/python -m pytest -n 2 "$@"            # the default tier (<= 90 s on 2 idle cores in one process)
+MAMBARADIX_REQUIRE_COMPILED=0 MAMBARADIX_PURE=1 bash scripts/test-py310.sh -n 2 "$@"  # 3.10, pure core
 bash scripts/fetch-event-wheels.sh --all        # every release's wheel, for the slow tier
 .venv/bin/python -m pytest -m slow -n 2 --durations=20 "$@"  # the slow tier (engine, ZMQ, Dask, long runs) on 2 processes
