@@ -44,6 +44,7 @@ NEEDS_ENGINE = (
     "test_cli_validation.py::test_engine_",
     "test_geometry.py::test_engine_",
     "test_geometry.py::test_transformers_",
+    "test_one_home.py::test_engine_",
     "test_readme.py::test_readme_python_blocks_run",
     "test_readme.py::test_python_blocks_run[docs/tiers-data-path.md",
 )
