@@ -1,7 +1,7 @@
 """The optional compiled build (docs/build.md); everything else is in pyproject.toml.
 
-Cython compiles the hot modules (`mambaradix._build.COMPILED`, today the core's) as they
-are, each into `mambaradix/_compiled/<stem>_<source tag>` (`_build.compiled_stem`).
+Cython compiles the hot modules (`mambaradix._build.COMPILED`, today the core's), typed by
+the `.pxd` beside a module where there is one (pure-Python mode), each into `mambaradix/_compiled/<stem>_<source tag>` (`_build.compiled_stem`).
 Optional: without Cython, without a C compiler, or with MAMBARADIX_NO_COMPILE=1, the
 install succeeds with the pure-Python modules, and `mambaradix.BUILD` says "pure".
 """
@@ -59,6 +59,7 @@ class OptionalBuildExt(build_ext):
                 # annotations are not C types here: a float passed as an `int` must reach
                 # the code's own check, exactly as in the pure module
                 compiler_directives={"language_level": 3, "annotation_typing": False},
+                include_path=[str(ROOT / SRC)],  # the .pxd files cimport each other
                 quiet=True,
             )
             ext.sources = list(c_ext.sources)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.machinery
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -94,7 +95,10 @@ def test_a_build_from_other_source_is_not_loaded(tmp_path: Path) -> None:
     for name in _build.COMPILED:
         parts = name.split(".")[1:]  # mambaradix.pools.kv -> pools__kv_<digest>
         source = SRC.joinpath("mambaradix", *parts).with_suffix(".py")
-        digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+        hashed = hashlib.sha256(source.read_bytes())
+        for pxd in sorted(source.parent.glob("*.pxd"), key=pxd_order):  # every .pxd too
+            hashed.update(b"\0" + pxd.name.encode() + b"\0" + pxd.read_bytes())
+        digest = hashed.hexdigest()[:16]
         (tmp_path / f"{'__'.join(parts)}_{digest}{suffix}").write_bytes(b"")
     found = _build.compiled_files(tmp_path)
     assert found is not None and sorted(found) == sorted(_build.COMPILED)
@@ -106,6 +110,35 @@ def test_a_build_from_other_source_is_not_loaded(tmp_path: Path) -> None:
         assert _build.compiled_files(tmp_path) is None
         stale.with_name(f"{stem}{'0' * 16}{suffix}").rename(stale)
         assert _build.compiled_files(tmp_path) is not None
+
+
+def pxd_order(pxd: Path) -> int:
+    """A core `.pxd`'s place in `_build.COMPILED` (the order its tag hashes them in)."""
+    return _build.COMPILED.index(f"mambaradix.core.{pxd.stem}")
+
+
+def test_an_edited_pxd_makes_every_module_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `.pxd` gives C types to its module and to the modules that cimport it: editing one
+    must make the whole build stale, as editing a `.py` does (its own file)."""
+    pxds = _build.declarations()
+    assert {p.stem for p in pxds} >= {"node", "lru", "tree"}  # the typed build
+    copy = tmp_path / "mambaradix"
+    shutil.copytree(SRC / "mambaradix" / "core", copy / "core")
+    today = {name: _build.compiled_stem(name) for name in _build.COMPILED}
+    monkeypatch.setattr(_build, "PACKAGE", copy)
+    assert {name: _build.compiled_stem(name) for name in _build.COMPILED} == today
+    edited = copy / "core" / "lru.pxd"
+    edited.write_text(edited.read_text() + "\n# edited\n")
+    after = {name: _build.compiled_stem(name) for name in _build.COMPILED}
+    assert all(after[name] != today[name] for name in _build.COMPILED)
+    source = copy / "core" / "keys.py"
+    source.write_text(source.read_text() + "\n# edited\n")
+    again = {name: _build.compiled_stem(name) for name in _build.COMPILED}
+    assert [name for name in _build.COMPILED if again[name] != after[name]] == [
+        "mambaradix.core.keys"
+    ]
 
 
 def require_compiled() -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+import mambaradix.core.node as node_module
 from mambaradix import MambaRadixCache
-from mambaradix.core.node import TreeNode
 
 WIDE, DEEP = 400, 150  # leaves under the root; nodes on one path
 
@@ -121,7 +121,7 @@ def test_new_nodes_of_a_copy_get_new_ids() -> None:
     """A cache unpickled in a fresh process must not hand out ids its nodes hold."""
     original = build()
     data = pickle.dumps(original)
-    TreeNode._ids = 0  # as in a new process
+    node_module._last_id = 0  # as in a new process
     twin = pickle.loads(data)
     twin.insert([5, 5, 5], [10**8, 10**8 + 1, 10**8 + 2], 10**8)
     ids = [n.id for n in twin._nodes()]

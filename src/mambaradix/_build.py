@@ -1,15 +1,17 @@
 """Which build runs: the compiled one (Cython) or the pure-Python one.
 
 The compiled build (docs/build.md) is the hot modules (`COMPILED`, full module names:
-today the core's) compiled as they are by Cython, each into
+today the core's) compiled by Cython, typed by the `.pxd` beside a module where there is
+one (pure-Python mode), each into
 `mambaradix/_compiled/<stem>_<tag>.<ext suffix>`, where `<stem>` is the module's path in
 the package (`core__tree`: dots as `__`) and `<tag>` is the SHA-256
-(first 16 hex digits) of the `.py` it was compiled from. Nothing imports those files by
-their own names: `CompiledCore`, a meta-path finder that `mambaradix/__init__.py` installs
-before the core is first imported, hands each module of `COMPILED` its compiled file only
-when every module of `COMPILED` has one whose tag is that of today's source. So:
+(first 16 hex digits) of the `.py` it was compiled from and of the `.pxd` files.
+Nothing imports those files by their own names: `CompiledCore`, a meta-path finder that
+`mambaradix/__init__.py` installs before the core is first imported, hands each module
+of `COMPILED` its compiled file only when every module of `COMPILED` has one whose tag
+is that of today's source. So:
 
-* an edited `.py` (a stale build) loads as pure Python, all of it, never a mix;
+* an edited `.py` or `.pxd` (a stale build) loads as pure Python, all of it, never a mix;
 * MAMBARADIX_PURE=1 (anything but "" or "0") installs no finder: the pure code runs;
 * `mambaradix.BUILD` says which one loaded ("compiled" or "pure").
 
@@ -42,8 +44,22 @@ OUT = PACKAGE / "_compiled"
 
 
 def source_tag(source: Path) -> str:
-    """The tag a compiled module of `source` carries in its file name."""
-    return hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    """The tag a compiled module of `source` carries in its file name: the SHA-256 of the
+    `.py` and of every `.pxd` beside a module of `COMPILED` (`declarations()`). A `.pxd`
+    types what its module compiles to, and the modules that cimport it compile against
+    it, so an edited `.pxd` makes every compiled file stale, as an edited `.py` makes its
+    own."""
+    digest = hashlib.sha256(source.read_bytes())
+    for pxd in declarations():
+        digest.update(b"\0" + pxd.name.encode() + b"\0" + pxd.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def declarations() -> list[Path]:
+    """The `.pxd` files beside the modules of `COMPILED` (Cython's pure-Python mode: C types
+    for the module of the same name), in `COMPILED`'s order."""
+    found = (source_of(name).with_suffix(".pxd") for name in COMPILED)
+    return [pxd for pxd in found if pxd.is_file()]
 
 
 def source_of(name: str) -> Path:
@@ -125,6 +141,7 @@ __all__ = [
     "COMPILED",
     "CompiledCore",
     "compiled_stem",
+    "declarations",
     "install",
     "loaded_build",
     "source_of",

@@ -7,6 +7,11 @@ token on the root-to-node path. A node whose state is None is a *tombstone*.
 Each node owns one `Link` per resource (KV, STATE). A link is both the node's
 entry in that resource's LRU list and the home of that resource's lock count,
 so the list code never needs to know which resource it serves.
+
+The compiled build (docs/build.md) makes `Link` and `TreeNode` extension types with
+typed fields (`node.pxd`); this file stays the reference and the pure-Python fallback.
+Node ids come from a module counter (`last_node_id`), not a class attribute: an
+extension type's attributes cannot be assigned.
 """
 
 from __future__ import annotations
@@ -39,6 +44,20 @@ class Link:
         raise not_alone(self)
 
 
+_last_id = 0  # the last node id issued (per copy of this module)
+
+
+def last_node_id() -> int:
+    """The last id a `TreeNode` got in this process (ids count up from 1)."""
+    return _last_id
+
+
+def skip_node_ids(upto: int) -> None:
+    """New nodes get ids above `upto` (a restored snapshot holds ids up to it)."""
+    global _last_id
+    _last_id = max(_last_id, upto)
+
+
 class TreeNode:
     __slots__ = (
         "parent",
@@ -51,8 +70,6 @@ class TreeNode:
         "st",
         "id",
     )
-
-    _ids = 0
 
     def __init__(
         self,
@@ -70,8 +87,9 @@ class TreeNode:
         self.namespace = namespace
         self.kv = Link(self)
         self.st = Link(self)
-        TreeNode._ids += 1
-        self.id = TreeNode._ids
+        global _last_id
+        _last_id += 1
+        self.id = _last_id
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
         raise not_alone(self)

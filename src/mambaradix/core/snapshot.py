@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mambaradix.core.lru import LRUList
-from mambaradix.core.node import Link, TreeNode
+from mambaradix.core.node import Link, TreeNode, skip_node_ids
 from mambaradix.core.ownership import HeldSet
 from mambaradix.core.threads import guard, plain_class
 
@@ -141,7 +141,9 @@ def thaw(cache: MambaRadixCache, frozen: Frozen) -> None:
     fields, table = frozen
     if strange := {cls.__name__ for cls, _ in table if cls not in GRAPH}:
         raise TypeError(f"not a MambaRadixCache's data: rows of {', '.join(sorted(strange))}")
-    objects: list[Any] = [object.__new__(cls) for cls, _ in table]
+    # cls.__new__: object.__new__ for the pure classes; the compiled build's extension
+    # types refuse object.__new__ and need their own (fields start as None / 0)
+    objects: list[Any] = [cls.__new__(cls) for cls, _ in table]
 
     def dec(value: Any) -> Any:
         kind = type(value)
@@ -163,4 +165,4 @@ def thaw(cache: MambaRadixCache, frozen: Frozen) -> None:
                 object.__setattr__(obj, name, dec(value))
     vars(cache).update({k: dec(v) for k, v in fields.items()})
     ids = [obj.id for obj in objects if type(obj) is TreeNode]
-    TreeNode._ids = max([TreeNode._ids, *ids])  # new nodes of this process stay unique
+    skip_node_ids(max(ids, default=0))  # new nodes of this process stay unique

@@ -58,7 +58,7 @@ from mambaradix.core import unified
 from mambaradix.core.compat import SGLANG_0_5_15, SGLANG_0_5_23, resolve_compat
 from mambaradix.core.keys import EMPTY, as_int_array, check_hashable, common_prefix_len
 from mambaradix.core.lru import LRUList
-from mambaradix.core.node import Resource, TreeNode, not_alone
+from mambaradix.core.node import Link, Resource, TreeNode, not_alone
 from mambaradix.core.ownership import HeldSet, KVOwner
 from mambaradix.core.results import EvictResult, InsertResult, MatchResult
 from mambaradix.core.threads import guard as guard_threads
@@ -268,8 +268,7 @@ class MambaRadixCache:
         return plain
 
     def _match_len(self, edge: array[int], tokens: array[int], off: int) -> int:
-        m = common_prefix_len(edge, tokens, off)
-        return m - m % self.page_size
+        return _match_len(edge, tokens, off, self.page_size)
 
     # ------------------------------------------------------------------- match
 
@@ -291,13 +290,10 @@ class MambaRadixCache:
             tokens = tokens[:n]
         if n == 0:
             return MatchResult(0, array("q"), self.root, None, 0)
-        path, hit_len = self._walk(tokens, extra_key, split=not read_only)
-        k = len(path)
-        while k and path[k - 1].state is None:  # cut back to the deepest state
-            k -= 1
-        values = array("q")
-        for i in range(k):
-            values += path[i].value
+        split = (self._sglang or self._unified) and not read_only
+        path, hit_len = _walk_path(self, tokens, extra_key, split)
+        k = _state_depth(path)  # cut back to the deepest state
+        values = _path_values(path, k)
         branching = None
         if hit_len > len(values):
             aligned = hit_len - hit_len % self.chunk_size
@@ -314,42 +310,15 @@ class MambaRadixCache:
     ) -> tuple[list[TreeNode], int]:
         """Descend along `tokens`; return (fully matched nodes, matched tokens
         including a partially matched last edge)."""
-        page, n = self.page_size, len(tokens)
-        node, off, path = self.root, 0, []
-        ck = self._child_key(node, tokens, 0, extra_key)
-        while True:
-            child = node.children.get(ck)
-            if child is None:
-                break
-            edge = child.key
-            ln = len(edge)
-            m = ln if tokens[off : off + ln] == edge else self._match_len(edge, tokens, off)
-            off += m
-            if m < ln:
-                if (self._sglang or self._unified) and split:
-                    self._split(child, m)  # upstream splits on lookup; the new node has no state
-                break
-            path.append(child)
-            if off >= n:
-                break
-            node = child
-            ck = tokens[off] if page == 1 else tuple(tokens[off : off + page])
-        return path, off
+        # upstream splits on lookup; the new node has no state
+        return _walk_path(self, tokens, extra_key, (self._sglang or self._unified) and split)
 
     def _refresh_after_match(self, path: list[TreeNode], k: int) -> None:
         """Make path[:k] MRU in the KV list (ancestors older than descendants);
         in the state list, only the state used (#31643; 0.5.23 too), or with
         compat="sglang-0.5.15.post1" every state on the path."""
-        if self._lazy_kv:
-            self.lru[KV].touch(path[k - 1].kv)  # the path's own stamps are implied
-            self.lru[STATE].move_mru(path[k - 1].st)
-            return
-        used = path[k - 1 :: -1]  # deepest first
-        self.lru[KV].splice_mru([node.kv for node in used])
-        if self._sglang:
-            self.lru[STATE].splice_mru([node.st for node in used if node.state is not None])
-        else:
-            self.lru[STATE].move_mru(path[k - 1].st)
+        kv_lru, st_lru = self.lru
+        _refresh_path(kv_lru, st_lru, path, k, self._lazy_kv, self._sglang)
 
     def touch(self, node: TreeNode) -> None:
         """Refresh `node` (holding a state) and its path as `match_prefix` of its whole
@@ -471,29 +440,8 @@ class MambaRadixCache:
     def _insert(
         self, tokens: array[int], values: array[int], state: int, prev: int, extra_key: Any
     ) -> InsertResult:
-        page, n = self.page_size, len(tokens)
-        node, off, walked = self.root, 0, []
-        freed = array("q")
-        split_at = 0
-        ck = self._child_key(node, tokens, 0, extra_key)
-        while True:
-            child = node.children.get(ck)
-            if child is None:
-                break
-            walked.append(child)
-            edge = child.key
-            ln = len(edge)
-            m = ln if tokens[off : off + ln] == edge else self._match_len(edge, tokens, off)
-            if prev < off + m:  # the caller's copy of KV the tree already has
-                freed += values[max(prev, off) : off + m]
-            off += m
-            if m < ln:
-                split_at = m
-                break
-            node = child
-            if off >= n:
-                break
-            ck = tokens[off] if page == 1 else tuple(tokens[off : off + page])
+        node, off, walked, freed, split_at = _insert_walk(self, tokens, values, prev, extra_key)
+        n = len(tokens)
         owner = self._kv_owner
         if owner is not None and not owner.claim(values, min(prev, off), off):
             raise ValueError(self._kv_conflict(owner, values, min(prev, off), off, prev))
@@ -502,7 +450,7 @@ class MambaRadixCache:
             node = self._split(walked[-1], split_at)
         kv_lru, st_lru = self.lru
         if off < n:
-            leaf = self._add_leaf(node, tokens, values, off, state, extra_key)
+            leaf = _add_leaf(self, node, tokens, values, off, state, extra_key)
             return InsertResult(off, False, freed, leaf)
         kv_lru.touch(node.kv)
         if node.state is None:  # a tombstone at the key's end: revive it
@@ -549,14 +497,9 @@ class MambaRadixCache:
         """Refresh the nodes an insert walked through, as SGLang does one by one
         (in the state list only with compat="sglang-0.5.15.post1", #31643); the
         default mode stamps the deepest only (its ancestors' stamps are implied)."""
-        if self._lazy_kv:
-            if walked:
-                self.lru[KV].touch(walked[-1].kv)
-            return
-        deepest_first = walked[::-1]
-        self.lru[KV].splice_mru([node.kv for node in deepest_first])
-        if self._sglang:
-            self.lru[STATE].splice_mru([n.st for n in deepest_first if n.state is not None])
+        if walked:
+            kv_lru, st_lru = self.lru
+            _refresh_walked(kv_lru, st_lru, walked, self._lazy_kv, self._sglang)
 
     def _add_leaf(
         self,
@@ -567,19 +510,7 @@ class MambaRadixCache:
         state: int,
         extra_key: Any,
     ) -> TreeNode:
-        ns = extra_key if parent is self.root else parent.namespace
-        leaf = TreeNode(parent, tokens[off:], values[off:], state, ns)
-        parent.children[self._child_key(parent, tokens, off, extra_key)] = leaf
-        self._held_states.add(state)
-        self._node_total += 1
-        self.lru[KV].push_mru(leaf.kv)
-        self.lru[STATE].push_mru(leaf.st)
-        self._evictable[KV] += len(leaf.value)
-        self._evictable[STATE] += 1
-        for listener in self._listeners:
-            listener.node_added(leaf)
-            listener.state_added(leaf)
-        return leaf
+        return _add_leaf(self, parent, tokens, values, off, state, extra_key)
 
     def _split(self, child: TreeNode, at: int) -> TreeNode:
         """Cut child's edge at `at` (0 < at < len): a new stateless node takes
@@ -627,20 +558,7 @@ class MambaRadixCache:
         return EvictResult(got_kv, got_states, freed_kv, freed_states)
 
     def _evict_kv(self, want: int, freed_kv: array[int], freed_states: list[int]) -> int:
-        lru = self.lru[KV]
-        oldest = lru.lru_leaf_parking if self._lazy_kv else lru.lru_unlocked_leaf
-        got = 0
-        x = oldest()
-        while got < want and x is not None:
-            nxt = lru.lru_unlocked_leaf(x)
-            node = x.node
-            assert node is not None
-            tokens, survivor = self._delete_leaf(node, freed_kv, freed_states)
-            got += tokens
-            if not survivor.children:
-                nxt = oldest()  # a new leaf may be older than nxt: restart
-            x = nxt
-        return got
+        return _evict_kv_leaves(self, want, freed_kv, freed_states)
 
     def _evict_states(self, want: int, freed_kv: array[int], freed_states: list[int]) -> int:
         lru = self.lru[STATE]
@@ -725,51 +643,10 @@ class MambaRadixCache:
         """Delete an unlocked leaf (KV + state), then every tombstone ancestor
         left childless and unlocked. Returns (KV tokens freed, the surviving
         ancestor)."""
-        assert leaf.state is not None and leaf.kv.lock == 0 and leaf.st.lock == 0
-        freed_states.append(leaf.state)
-        self._held_states.discard(leaf.state)
-        self.lru[STATE].remove(leaf.st)
-        self._evictable[STATE] -= 1
-        for listener in self._listeners:
-            listener.state_removed(leaf)
-        parent = leaf.parent
-        assert parent is not None
-        tokens = self._detach(leaf, freed_kv)
-        while (
-            parent.parent is not None
-            and parent.state is None
-            and not parent.children
-            and parent.kv.lock == 0
-        ):
-            grandparent = parent.parent
-            tokens += self._detach(parent, freed_kv)
-            parent = grandparent
-        return tokens, parent
+        return _delete_leaf(self, leaf, freed_kv, freed_states)
 
     def _detach(self, node: TreeNode, freed_kv: array[int]) -> int:
-        parent = node.parent
-        assert parent is not None
-        ck = self._child_key(parent, node.key, 0, node.namespace)
-        if parent.children.pop(ck, None) is not node:
-            raise AssertionError(f"{node!r} is not registered under its own key")
-        freed_kv += node.value
-        if self._kv_owner is not None:
-            self._kv_owner.release(node.value)
-        kv_lru = self.lru[KV]
-        if self._lazy_kv and parent.parent is not None and parent.kv.stamp < node.kv.stamp:
-            # The parent's implied stamp was at least this node's: it takes its place.
-            if parent.kv.prev is not None:
-                kv_lru.remove(parent.kv)
-            kv_lru.take_place(node.kv, parent.kv)
-        else:
-            kv_lru.remove(node.kv)
-        self._node_total -= 1
-        self._evictable[KV] -= len(node.value)
-        node.parent = None  # marks the node as deleted (stale handles are rejected)
-        node.kv.node = node.st.node = None  # no cycle: the node is freed at once
-        for listener in self._listeners:
-            listener.node_removed(node)
-        return len(node.value)
+        return _detach(self, node, freed_kv)
 
     # ------------------------------------------------------------------- locks
 
@@ -782,7 +659,7 @@ class MambaRadixCache:
         if node.state is None:
             self._check_in_tree(node)
             raise ValueError(f"{node!r} has no state (it was evicted): match again to lock")
-        newly_locked = self._add_path_locks(node, +1)
+        newly_locked = _path_locks(self.root, node, +1)
         if newly_locked is None:  # the walk did not end at our root: undone, now explain
             self._check_in_tree(node)
         assert newly_locked is not None
@@ -816,7 +693,7 @@ class MambaRadixCache:
             return
         if lock.state_locked and (node.st.lock <= 0 or node.state is None):
             raise ValueError(f"{node!r} holds no state lock to release")
-        newly_unlocked = self._add_path_locks(node, -1)
+        newly_unlocked = _path_locks(self.root, node, -1)
         if newly_unlocked is None:
             self._check_in_tree(node)
             raise ValueError(f"{node!r} or an ancestor holds no KV lock to release")
@@ -834,33 +711,7 @@ class MambaRadixCache:
         the KV tokens whose lock changed between zero and non-zero. If the path
         does not end at this tree's root, or a lock would go negative, undo the
         partial walk and return None."""
-        moved = 0
-        x = node
-        if delta > 0:
-            while x.parent is not None:
-                link = x.kv
-                if not link.lock:
-                    moved += len(x.value)
-                link.lock += 1
-                x = x.parent
-        else:
-            while x.parent is not None:
-                link = x.kv
-                lock = link.lock
-                if lock <= 0:
-                    break
-                if lock == 1:
-                    moved += len(x.value)
-                link.lock = lock - 1
-                x = x.parent
-        if x is self.root:
-            return moved
-        y = node
-        while y is not x:  # roll back
-            y.kv.lock -= delta
-            assert y.parent is not None
-            y = y.parent
-        return None
+        return _path_locks(self.root, node, delta)
 
     def _check_in_tree(self, node: TreeNode) -> None:
         x = node
@@ -961,6 +812,275 @@ class MambaRadixCache:
 
     def sanity_check(self) -> None:
         self.check_invariants()
+
+
+# ------------------------------------------------------------ the hot loops
+# Module functions, not methods: the compiled build types their locals (tree.pxd), which
+# it cannot do for a method of MambaRadixCache, an ordinary class (subclassed, pickled
+# through vars(), its __class__ reassigned by the thread guard).
+
+
+def _match_len(edge: array[int], tokens: array[int], off: int, page: int) -> int:
+    m = common_prefix_len(edge, tokens, off)
+    return m - m % page
+
+
+def _walk_path(
+    cache: MambaRadixCache, tokens: array[int], extra_key: Any, split: bool
+) -> tuple[list[TreeNode], int]:
+    """`MambaRadixCache._walk`; `split`: split a partially matched edge (SGLang compat)."""
+    page, n = cache.page_size, len(tokens)
+    node = cache.root
+    off = 0
+    path: list[TreeNode] = []
+    ck = cache._child_key(node, tokens, 0, extra_key)
+    while True:
+        child = node.children.get(ck)
+        if child is None:
+            break
+        edge = child.key
+        ln = len(edge)
+        m = ln if tokens[off : off + ln] == edge else _match_len(edge, tokens, off, page)
+        off += m
+        if m < ln:
+            if split:
+                cache._split(child, m)
+            break
+        path.append(child)
+        if off >= n:
+            break
+        node = child
+        ck = tokens[off] if page == 1 else tuple(tokens[off : off + page])
+    return path, off
+
+
+def _insert_walk(
+    cache: MambaRadixCache, tokens: array[int], values: array[int], prev: int, extra_key: Any
+) -> tuple[TreeNode, int, list[TreeNode], array[int], int]:
+    """`MambaRadixCache._insert`'s descent: (the deepest node fully matched, tokens
+    matched, the nodes walked through, the caller's duplicate KV, where the last walked
+    edge must be split or 0)."""
+    page, n = cache.page_size, len(tokens)
+    node = cache.root
+    off = 0
+    walked: list[TreeNode] = []
+    freed = array("q")
+    split_at = 0
+    ck = cache._child_key(node, tokens, 0, extra_key)
+    while True:
+        child = node.children.get(ck)
+        if child is None:
+            break
+        walked.append(child)
+        edge = child.key
+        ln = len(edge)
+        m = ln if tokens[off : off + ln] == edge else _match_len(edge, tokens, off, page)
+        if prev < off + m:  # the caller's copy of KV the tree already has
+            freed += values[max(prev, off) : off + m]
+        off += m
+        if m < ln:
+            split_at = m
+            break
+        node = child
+        if off >= n:
+            break
+        ck = tokens[off] if page == 1 else tuple(tokens[off : off + page])
+    return node, off, walked, freed, split_at
+
+
+def _state_depth(path: list[TreeNode]) -> int:
+    """How many nodes of `path` remain once cut back to the deepest one holding a state."""
+    k = len(path)
+    while k:
+        node = path[k - 1]
+        if node.state is not None:
+            break
+        k -= 1
+    return k
+
+
+def _path_values(path: list[TreeNode], k: int) -> array[int]:
+    """The KV indices of path[:k], in order."""
+    values = array("q")
+    for i in range(k):
+        node = path[i]
+        values += node.value
+    return values
+
+
+def _refresh_path(
+    kv_lru: LRUList, st_lru: LRUList, path: list[TreeNode], k: int, lazy: bool, sglang: bool
+) -> None:
+    """`MambaRadixCache._refresh_after_match` (`lazy`: the default mode's KV refresh;
+    `sglang`: compat="sglang-0.5.15.post1")."""
+    last = path[k - 1]
+    if lazy:
+        kv_lru.touch(last.kv)  # the path's own stamps are implied
+        st_lru.move_mru(last.st)
+        return
+    kv_links: list[Link] = []
+    st_links: list[Link] = []
+    for i in range(k - 1, -1, -1):  # deepest first
+        node = path[i]
+        kv_links.append(node.kv)
+        if sglang and node.state is not None:
+            st_links.append(node.st)
+    kv_lru.splice_mru(kv_links)
+    if sglang:
+        st_lru.splice_mru(st_links)
+    else:
+        st_lru.move_mru(last.st)
+
+
+def _refresh_walked(
+    kv_lru: LRUList, st_lru: LRUList, walked: list[TreeNode], lazy: bool, sglang: bool
+) -> None:
+    """`MambaRadixCache._touch_walked` of a non-empty `walked`."""
+    if lazy:
+        last = walked[-1]
+        kv_lru.touch(last.kv)
+        return
+    kv_links: list[Link] = []
+    st_links: list[Link] = []
+    for i in range(len(walked) - 1, -1, -1):  # deepest first
+        node = walked[i]
+        kv_links.append(node.kv)
+        if sglang and node.state is not None:
+            st_links.append(node.st)
+    kv_lru.splice_mru(kv_links)
+    if sglang:
+        st_lru.splice_mru(st_links)
+
+
+def _evict_kv_leaves(
+    cache: MambaRadixCache, want: int, freed_kv: array[int], freed_states: list[int]
+) -> int:
+    """`MambaRadixCache._evict_kv`."""
+    lru = cache.lru[KV]
+    lazy = cache._lazy_kv
+    got = 0
+    x = lru.lru_leaf_parking() if lazy else lru.lru_unlocked_leaf()
+    while got < want and x is not None:
+        nxt = lru.lru_unlocked_leaf(x)
+        node = x.node
+        assert node is not None
+        tokens, survivor = _delete_leaf(cache, node, freed_kv, freed_states)
+        got += tokens
+        if not survivor.children:  # a new leaf may be older than nxt: restart
+            nxt = lru.lru_leaf_parking() if lazy else lru.lru_unlocked_leaf()
+        x = nxt
+    return got
+
+
+def _delete_leaf(
+    cache: MambaRadixCache, leaf: TreeNode, freed_kv: array[int], freed_states: list[int]
+) -> tuple[int, TreeNode]:
+    """`MambaRadixCache._delete_leaf`."""
+    assert leaf.state is not None and leaf.kv.lock == 0 and leaf.st.lock == 0
+    freed_states.append(leaf.state)
+    cache._held_states.discard(leaf.state)
+    cache.lru[STATE].remove(leaf.st)
+    cache._evictable[STATE] -= 1
+    for listener in cache._listeners:
+        listener.state_removed(leaf)
+    parent = leaf.parent
+    assert parent is not None
+    tokens = _detach(cache, leaf, freed_kv)
+    while (
+        parent.parent is not None
+        and parent.state is None
+        and not parent.children
+        and parent.kv.lock == 0
+    ):
+        grandparent = parent.parent
+        tokens += _detach(cache, parent, freed_kv)
+        parent = grandparent
+    return tokens, parent
+
+
+def _detach(cache: MambaRadixCache, node: TreeNode, freed_kv: array[int]) -> int:
+    """`MambaRadixCache._detach`: take `node` (a leaf) out of the tree, its KV into
+    `freed_kv`; return its KV tokens."""
+    parent = node.parent
+    assert parent is not None
+    ck = cache._child_key(parent, node.key, 0, node.namespace)
+    if parent.children.pop(ck, None) is not node:
+        raise AssertionError(f"{node!r} is not registered under its own key")
+    freed_kv += node.value
+    if cache._kv_owner is not None:
+        cache._kv_owner.release(node.value)
+    kv_lru = cache.lru[KV]
+    if cache._lazy_kv and parent.parent is not None and parent.kv.stamp < node.kv.stamp:
+        # The parent's implied stamp was at least this node's: it takes its place.
+        if parent.kv.prev is not None:
+            kv_lru.remove(parent.kv)
+        kv_lru.take_place(node.kv, parent.kv)
+    else:
+        kv_lru.remove(node.kv)
+    cache._node_total -= 1
+    cache._evictable[KV] -= len(node.value)
+    node.parent = None  # marks the node as deleted (stale handles are rejected)
+    node.kv.node = node.st.node = None  # no cycle: the node is freed at once
+    for listener in cache._listeners:
+        listener.node_removed(node)
+    return len(node.value)
+
+
+def _add_leaf(
+    cache: MambaRadixCache,
+    parent: TreeNode,
+    tokens: array[int],
+    values: array[int],
+    off: int,
+    state: int,
+    extra_key: Any,
+) -> TreeNode:
+    """`MambaRadixCache._add_leaf`: a new leaf below `parent` for tokens[off:]."""
+    ns = extra_key if parent is cache.root else parent.namespace
+    leaf = TreeNode(parent, tokens[off:], values[off:], state, ns)
+    parent.children[cache._child_key(parent, tokens, off, extra_key)] = leaf
+    cache._held_states.add(state)
+    cache._node_total += 1
+    kv_lru, st_lru = cache.lru
+    kv_lru.push_mru(leaf.kv)
+    st_lru.push_mru(leaf.st)
+    cache._evictable[KV] += len(leaf.value)
+    cache._evictable[STATE] += 1
+    for listener in cache._listeners:
+        listener.node_added(leaf)
+        listener.state_added(leaf)
+    return leaf
+
+
+def _path_locks(root: TreeNode, node: TreeNode, delta: int) -> int | None:
+    """`MambaRadixCache._add_path_locks`."""
+    moved = 0
+    x = node
+    if delta > 0:
+        while x.parent is not None:
+            link = x.kv
+            if not link.lock:
+                moved += len(x.value)
+            link.lock += 1
+            x = x.parent
+    else:
+        while x.parent is not None:
+            link = x.kv
+            lock = link.lock
+            if lock <= 0:
+                break
+            if lock == 1:
+                moved += len(x.value)
+            link.lock = lock - 1
+            x = x.parent
+    if x is root:
+        return moved
+    y = node
+    while y is not x:  # roll back
+        y.kv.lock -= delta
+        assert y.parent is not None
+        y = y.parent
+    return None
 
 
 __all__ = ["MambaRadixCache", "LockReceipt", "TreeListener", "EMPTY"]
