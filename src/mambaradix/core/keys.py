@@ -11,6 +11,13 @@ from array import array
 from collections.abc import Iterable
 from typing import Any
 
+try:  # Cython's pure-Python mode (keys.pxd); the pure modules need no Cython at all
+    import cython  # type: ignore[import-not-found, unused-ignore]
+except ImportError:
+    COMPILED = False
+else:
+    COMPILED = bool(cython.compiled)  # True only in the compiled build
+
 EMPTY: array[int] = array("q")
 
 
@@ -46,7 +53,10 @@ def common_prefix_len(edge: array[int], tokens: array[int], off: int) -> int:
 
     One slice compare settles the common case (the whole edge matches); on a
     mismatch, doubling windows then bisection find it with O(log n) compares.
+    The compiled build scans the two buffers in place instead (no slice copied).
     """
+    if COMPILED:
+        return _common_prefix_len_in_place(edge, tokens, off)
     n = min(len(edge), len(tokens) - off)
     if tokens[off : off + n] == (edge if n == len(edge) else edge[:n]):
         return n
@@ -64,3 +74,17 @@ def common_prefix_len(edge: array[int], tokens: array[int], off: int) -> int:
         else:
             hi = mid
     return lo
+
+
+def _common_prefix_len_in_place(edge: array[int], tokens: array[int], off: int) -> int:
+    """`common_prefix_len` in the compiled build only (keys.pxd types both as
+    `cpython.array`; typecode "q", as every key `as_int_array` makes)."""
+    e, t = edge, tokens
+    n = min(len(e), len(t) - off)
+    if n <= 0:  # as the slices do (tokens[off:] empty): never with the tree's offsets
+        return n if n + len(e) <= 0 else 0
+    ep, tp = e.data.as_longlongs, t.data.as_longlongs  # type: ignore[attr-defined]
+    i = 0
+    while i < n and ep[i] == tp[off + i]:
+        i += 1
+    return i

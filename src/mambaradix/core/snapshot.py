@@ -136,6 +136,11 @@ def restore(cls: type[MambaRadixCache], frozen: Frozen, guarded: bool) -> MambaR
     return cache
 
 
+def bare(cls: Any) -> Any:
+    """An instance of `cls` with no field set (its __init__ not run)."""
+    return cls.__new__(cls)
+
+
 def thaw(cache: MambaRadixCache, frozen: Frozen) -> None:
     """Make `cache` (a bare instance) the cache that `frozen` describes."""
     fields, table = frozen
@@ -143,7 +148,7 @@ def thaw(cache: MambaRadixCache, frozen: Frozen) -> None:
         raise TypeError(f"not a MambaRadixCache's data: rows of {', '.join(sorted(strange))}")
     # cls.__new__: object.__new__ for the pure classes; the compiled build's extension
     # types refuse object.__new__ and need their own (fields start as None / 0)
-    objects: list[Any] = [cls.__new__(cls) for cls, _ in table]
+    objects: list[Any] = [bare(cls) for cls, _ in table]
 
     def dec(value: Any) -> Any:
         kind = type(value)

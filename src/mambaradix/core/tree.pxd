@@ -3,9 +3,16 @@
 # ordinary class (subclassed, pickled through vars(), its __class__ swapped by the
 # thread guard), compiled as it is.
 cimport cython
+from cpython cimport array
 from mambaradix.core.node cimport Link, TreeNode
 from mambaradix.core.lru cimport LRUList
 
+
+cpdef bint _edge_matches(object edge, object tokens, Py_ssize_t off) except -1
+
+@cython.locals(e=array.array, t=array.array, n=Py_ssize_t, i=Py_ssize_t, ep=cython.p_longlong,
+               tp=cython.p_longlong)
+cpdef bint _edge_matches_in_place(object edge, object tokens, Py_ssize_t off) except -1
 
 @cython.locals(m=Py_ssize_t)
 cpdef Py_ssize_t _match_len(object edge, object tokens, Py_ssize_t off, Py_ssize_t page) except -1

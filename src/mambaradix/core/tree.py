@@ -63,6 +63,13 @@ from mambaradix.core.ownership import HeldSet, KVOwner
 from mambaradix.core.results import EvictResult, InsertResult, MatchResult
 from mambaradix.core.threads import guard as guard_threads
 
+try:  # Cython's pure-Python mode (tree.pxd); the pure modules need no Cython at all
+    import cython  # type: ignore[import-not-found, unused-ignore]
+except ImportError:
+    COMPILED = False
+else:
+    COMPILED = bool(cython.compiled)  # True only in the compiled build
+
 KV, STATE = Resource.KV, Resource.STATE
 
 
@@ -820,6 +827,30 @@ class MambaRadixCache:
 # through vars(), its __class__ reassigned by the thread guard).
 
 
+def _edge_matches(edge: array[int], tokens: array[int], off: int) -> bool:
+    """Whether tokens[off:] starts with the whole `edge`: tokens[off : off + len(edge)] == edge."""
+    if COMPILED:
+        return _edge_matches_in_place(edge, tokens, off)
+    return tokens[off : off + len(edge)] == edge
+
+
+def _edge_matches_in_place(edge: array[int], tokens: array[int], off: int) -> bool:
+    """`_edge_matches` in the compiled build only (tree.pxd types the arrays as
+    `cpython.array`, both of typecode "q" as every key of the tree): the two buffers
+    compared where they are, no slice copied."""
+    e, t = edge, tokens
+    n = len(e)
+    if n == 0:
+        return True  # an empty slice equals an empty edge
+    if off + n > len(t):
+        return False
+    ep, tp = e.data.as_longlongs, t.data.as_longlongs  # type: ignore[attr-defined]
+    i = 0
+    while i < n and ep[i] == tp[off + i]:
+        i += 1
+    return i == n
+
+
 def _match_len(edge: array[int], tokens: array[int], off: int, page: int) -> int:
     m = common_prefix_len(edge, tokens, off)
     return m - m % page
@@ -840,7 +871,7 @@ def _walk_path(
             break
         edge = child.key
         ln = len(edge)
-        m = ln if tokens[off : off + ln] == edge else _match_len(edge, tokens, off, page)
+        m = ln if _edge_matches(edge, tokens, off) else _match_len(edge, tokens, off, page)
         off += m
         if m < ln:
             if split:
@@ -874,7 +905,7 @@ def _insert_walk(
         walked.append(child)
         edge = child.key
         ln = len(edge)
-        m = ln if tokens[off : off + ln] == edge else _match_len(edge, tokens, off, page)
+        m = ln if _edge_matches(edge, tokens, off) else _match_len(edge, tokens, off, page)
         if prev < off + m:  # the caller's copy of KV the tree already has
             freed += values[max(prev, off) : off + m]
         off += m
