@@ -65,7 +65,8 @@ from mambaradix.core.threads import guard as guard_threads
 
 try:  # Cython's pure-Python mode (tree.pxd); the pure modules need no Cython at all
     import cython  # type: ignore[import-not-found, unused-ignore]
-except ImportError:
+    from cython.cimports.libc.string import memcmp  # type: ignore[import-not-found, unused-ignore]
+except (ImportError, AttributeError):  # no Cython; or Cython uncompiled (its shadow module)
     COMPILED = False
 else:
     COMPILED = bool(cython.compiled)  # True only in the compiled build
@@ -845,10 +846,7 @@ def _edge_matches_in_place(edge: array[int], tokens: array[int], off: int) -> bo
     if off + n > len(t):
         return False
     ep, tp = e.data.as_longlongs, t.data.as_longlongs  # type: ignore[attr-defined]
-    i = 0
-    while i < n and ep[i] == tp[off + i]:
-        i += 1
-    return i == n
+    return memcmp(ep, tp + off, n * 8) == 0  # type: ignore[no-any-return]
 
 
 def _match_len(edge: array[int], tokens: array[int], off: int, page: int) -> int:
