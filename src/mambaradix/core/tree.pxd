@@ -32,6 +32,10 @@ cpdef Py_ssize_t _state_depth(list path) except -1
 @cython.locals(i=Py_ssize_t, node=TreeNode)
 cpdef object _path_values(list path, Py_ssize_t k)
 
+@cython.locals(i=Py_ssize_t, node=TreeNode, total=Py_ssize_t, at=Py_ssize_t, n=Py_ssize_t,
+               out=array.array, v=array.array)
+cpdef object _path_values_in_place(list path, Py_ssize_t k)
+
 @cython.locals(i=Py_ssize_t, node=TreeNode, last=TreeNode, kv_links=list, st_links=list)
 cpdef _refresh_path(LRUList kv_lru, LRUList st_lru, list path, Py_ssize_t k, bint lazy,
                     bint sglang)
