@@ -112,6 +112,15 @@ def test_a_build_from_other_source_is_not_loaded(tmp_path: Path) -> None:
         assert _build.compiled_files(tmp_path) is not None
 
 
+def test_the_compiled_only_paths_run_in_the_compiled_build_only() -> None:
+    """keys.py and tree.py take their in-place paths (memcmp, one allocation) exactly when
+    compiled: the guarded `import cython` must neither fail there nor succeed in pure Python."""
+    from mambaradix.core import keys, tree
+
+    compiled = mambaradix.BUILD == "compiled"
+    assert keys.COMPILED is compiled and tree.COMPILED is compiled
+
+
 def pxd_order(pxd: Path) -> int:
     """A core `.pxd`'s place in `_build.COMPILED` (the order its tag hashes them in)."""
     return _build.COMPILED.index(f"mambaradix.core.{pxd.stem}")
