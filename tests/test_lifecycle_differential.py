@@ -16,6 +16,7 @@ from array import array
 
 import pytest
 
+from budget import seeds
 from lifecycle_differential import (
     CACHED,
     PREFILL_ABORTS,
@@ -136,7 +137,7 @@ def test_lifecycle_equals_sglang(cfg: Config, shape: StreamShape, expects: tuple
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(100, 104))
+@pytest.mark.parametrize("seed", seeds(100, ci=2, deep=4))
 @pytest.mark.parametrize(("cfg", "shape", "expects"), CONFIGS, ids=IDS)
 def test_lifecycle_equals_sglang_sweep(
     cfg: Config, shape: StreamShape, expects: tuple[str, ...], seed: int
