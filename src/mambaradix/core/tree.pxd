@@ -36,12 +36,16 @@ cpdef object _path_values(list path, Py_ssize_t k)
                out=array.array, v=array.array)
 cpdef object _path_values_in_place(list path, Py_ssize_t k)
 
-@cython.locals(i=Py_ssize_t, node=TreeNode, last=TreeNode, kv_links=list, st_links=list)
+@cython.locals(last=TreeNode)
 cpdef _refresh_path(LRUList kv_lru, LRUList st_lru, list path, Py_ssize_t k, bint lazy,
                     bint sglang)
 
-@cython.locals(i=Py_ssize_t, node=TreeNode, last=TreeNode, kv_links=list, st_links=list)
+@cython.locals(last=TreeNode)
 cpdef _refresh_walked(LRUList kv_lru, LRUList st_lru, list walked, bint lazy, bint sglang)
+
+@cython.locals(i=Py_ssize_t, node=TreeNode, kv_links=list, st_links=list)
+cpdef _splice_deepest_first(LRUList kv_lru, LRUList st_lru, list path, Py_ssize_t k,
+                            bint sglang)
 
 @cython.locals(moved=Py_ssize_t, x=TreeNode, y=TreeNode, link=Link, lock=Py_ssize_t)
 cpdef object _path_locks(TreeNode root, TreeNode node, Py_ssize_t delta)

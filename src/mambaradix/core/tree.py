@@ -968,17 +968,8 @@ def _refresh_path(
         kv_lru.touch(last.kv)  # the path's own stamps are implied
         st_lru.move_mru(last.st)
         return
-    kv_links: list[Link] = []
-    st_links: list[Link] = []
-    for i in range(k - 1, -1, -1):  # deepest first
-        node = path[i]
-        kv_links.append(node.kv)
-        if sglang and node.state is not None:
-            st_links.append(node.st)
-    kv_lru.splice_mru(kv_links)
-    if sglang:
-        st_lru.splice_mru(st_links)
-    else:
+    _splice_deepest_first(kv_lru, st_lru, path, k, sglang)
+    if not sglang:
         st_lru.move_mru(last.st)
 
 
@@ -990,10 +981,18 @@ def _refresh_walked(
         last = walked[-1]
         kv_lru.touch(last.kv)
         return
+    _splice_deepest_first(kv_lru, st_lru, walked, len(walked), sglang)
+
+
+def _splice_deepest_first(
+    kv_lru: LRUList, st_lru: LRUList, path: list[TreeNode], k: int, sglang: bool
+) -> None:
+    """Move the KV links of path[:k] to the MRU end, path[k - 1] newest (each ancestor
+    older than its descendant); in `sglang` mode their states' links too."""
     kv_links: list[Link] = []
     st_links: list[Link] = []
-    for i in range(len(walked) - 1, -1, -1):  # deepest first
-        node = walked[i]
+    for i in range(k - 1, -1, -1):  # deepest first
+        node = path[i]
         kv_links.append(node.kv)
         if sglang and node.state is not None:
             st_links.append(node.st)
