@@ -276,9 +276,6 @@ class MambaRadixCache:
             return (extra_key, plain)
         return plain
 
-    def _match_len(self, edge: array[int], tokens: array[int], off: int) -> int:
-        return _match_len(edge, tokens, off, self.page_size)
-
     # ------------------------------------------------------------------- match
 
     def match_prefix(self, key: Any, extra_key: Any = None, read_only: bool = False) -> MatchResult:
@@ -299,7 +296,7 @@ class MambaRadixCache:
             tokens = tokens[:n]
         if n == 0:
             return MatchResult(0, array("q"), self.root, None, 0)
-        split = (self._sglang or self._unified) and not read_only
+        split = (self._sglang or self._unified) and not read_only  # SGLang splits on lookup
         path, hit_len = _walk_path(self, tokens, extra_key, split)
         k = _state_depth(path)  # cut back to the deepest state
         values = _path_values(path, k)
@@ -313,14 +310,6 @@ class MambaRadixCache:
         if not read_only:
             self._refresh_after_match(path, k)
         return MatchResult(len(values), values, path[k - 1], branching, hit_len)
-
-    def _walk(
-        self, tokens: array[int], extra_key: Any, split: bool = True
-    ) -> tuple[list[TreeNode], int]:
-        """Descend along `tokens`; return (fully matched nodes, matched tokens
-        including a partially matched last edge)."""
-        # upstream splits on lookup; the new node has no state
-        return _walk_path(self, tokens, extra_key, (self._sglang or self._unified) and split)
 
     def _refresh_after_match(self, path: list[TreeNode], k: int) -> None:
         """Make path[:k] MRU in the KV list (ancestors older than descendants);
@@ -509,17 +498,6 @@ class MambaRadixCache:
         if walked:
             kv_lru, st_lru = self.lru
             _refresh_walked(kv_lru, st_lru, walked, self._lazy_kv, self._sglang)
-
-    def _add_leaf(
-        self,
-        parent: TreeNode,
-        tokens: array[int],
-        values: array[int],
-        off: int,
-        state: int,
-        extra_key: Any,
-    ) -> TreeNode:
-        return _add_leaf(self, parent, tokens, values, off, state, extra_key)
 
     def _split(self, child: TreeNode, at: int) -> TreeNode:
         """Cut child's edge at `at` (0 < at < len): a new stateless node takes
@@ -715,13 +693,6 @@ class MambaRadixCache:
                 self._protected[STATE] -= 1
         lock.active = False
 
-    def _add_path_locks(self, node: TreeNode, delta: int) -> int | None:
-        """Add delta (+1 or -1) to the KV lock of node and every ancestor; return
-        the KV tokens whose lock changed between zero and non-zero. If the path
-        does not end at this tree's root, or a lock would go negative, undo the
-        partial walk and return None."""
-        return _path_locks(self.root, node, delta)
-
     def _check_in_tree(self, node: TreeNode) -> None:
         x = node
         while x.parent is not None:
@@ -858,7 +829,9 @@ def _match_len(edge: array[int], tokens: array[int], off: int, page: int) -> int
 def _walk_path(
     cache: MambaRadixCache, tokens: array[int], extra_key: Any, split: bool
 ) -> tuple[list[TreeNode], int]:
-    """`MambaRadixCache._walk`; `split`: split a partially matched edge (SGLang compat)."""
+    """Descend along `tokens`; return (fully matched nodes, matched tokens including a
+    partially matched last edge). `split`: cut a partially matched edge there, as SGLang's
+    lookup does (the new node has no state)."""
     page, n = cache.page_size, len(tokens)
     node = cache.root
     off = 0
@@ -1084,7 +1057,7 @@ def _add_leaf(
     state: int,
     extra_key: Any,
 ) -> TreeNode:
-    """`MambaRadixCache._add_leaf`: a new leaf below `parent` for tokens[off:]."""
+    """A new leaf below `parent` for tokens[off:], listed MRU in both LRU lists."""
     ns = extra_key if parent is cache.root else parent.namespace
     leaf = TreeNode(parent, tokens[off:], values[off:], state, ns)
     parent.children[cache._child_key(parent, tokens, off, extra_key)] = leaf
@@ -1102,7 +1075,9 @@ def _add_leaf(
 
 
 def _path_locks(root: TreeNode, node: TreeNode, delta: int) -> int | None:
-    """`MambaRadixCache._add_path_locks`."""
+    """Add delta (+1 or -1) to the KV lock of node and every ancestor; return the KV
+    tokens whose lock changed between zero and non-zero. If the path does not end at
+    `root`, or a lock would go negative, undo the partial walk and return None."""
     moved = 0
     x = node
     if delta > 0:
