@@ -124,3 +124,31 @@ def test_merged_parts_count_each_point_once_the_later_part_winning(
         f"{evaluate.OURS} against every other policy at once, per point: 1 wins, 0 ties, "
         "1 losses of 2 points (merged parts)."
     )
+
+
+@pytest.mark.slow  # 6-7 s each: the materials' traces are generated and loaded
+@pytest.mark.parametrize("material", ["evaluation", "tuning"])
+def test_every_point_serves_requests_with_every_row(evaluate: ModuleType, material: str) -> None:
+    """`replay` refuses a point where no request fits (`fit.check_memory`), which would end
+    the whole run at that point: each point of the material must pass that check with
+    every row. (The tuning material's shared documents, sequential, once had 0.5 and 1 GB,
+    where none of marconi-7b's fits.)"""
+    from mambaradix.replay.checks import policy_strategy
+    from mambaradix.replay.fit import check_memory
+    from mambaradix.replay.serving import ServingConfig
+
+    groups = evaluate.load_material(material, None)
+    rows = evaluate.POLICIES + [evaluate.NO_TUNING, *evaluate.ABLATIONS]
+    checked = 0
+    for workload, keys in groups.items():
+        for discipline in evaluate.disciplines(workload):
+            model, sequential = evaluate.DISCIPLINES[discipline]
+            profile = evaluate.get_profile(model)
+            for memory in evaluate.memories(workload, discipline):
+                cfg = ServingConfig(memory_gb=memory, sequential=sequential)
+                runs = {r for row in rows for r in evaluate.runs_of(row, discipline, memory)}
+                strategies = {run: policy_strategy(run) for run in runs}
+                for key in keys:
+                    check_memory(evaluate._TRACES[key], profile, cfg, strategies)
+                    checked += 1
+    assert checked > 20
