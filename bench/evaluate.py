@@ -38,7 +38,7 @@ Qwen3-Next-80B-A3B's state (`serving-qwen3-next`), and `synthetic-two-turn`
 backlog puts many newer first turns between a chat's two turns). Our policy's
 constants were set on that material only (`mambaradix/policies/constants.py`).
 
-`--only` and `--disciplines` run a part of the points (every row at each).
+`--only`, `--disciplines` and `--memory` run a part of the points (every row at each).
 
 Writes OUT.md (the tables) and OUT.json (every result); prints the tables.
 """
@@ -182,11 +182,16 @@ def load_chitchat_heldout() -> Trace:
     return trace
 
 
-def load_material(material: str, limit: int | None, seeds: int = 0) -> dict[str, list[str]]:
+def load_material(
+    material: str, limit: int | None, seeds: int = 0, only: list[str] | None = None
+) -> dict[str, list[str]]:
     """Fill _TRACES and _POINTS; return each workload's trace keys (one, or one per seed;
-    the first `seeds` seeds only if given)."""
+    the first `seeds` seeds only if given), of the workloads in `only` if given (the others
+    are not loaded: Mooncake and chitchat take seconds)."""
     groups: dict[str, list[str]] = {}
     for name in REAL[material]:
+        if only is not None and name not in only:
+            continue
         trace = load_chitchat_heldout() if name == "chitchat-heldout" else load(name)
         if limit and name == "mooncake":
             trace.requests = trace.requests[:limit]
@@ -196,6 +201,8 @@ def load_material(material: str, limit: int | None, seeds: int = 0) -> dict[str,
     if material == "tuning":
         generators.update(TUNING_GENERATORS)
     for name, gen in generators.items():
+        if only is not None and name not in only:
+            continue
         groups[name] = []
         for seed in SEEDS[material][: seeds or None]:
             key = f"{name}#{seed}"
@@ -532,6 +539,17 @@ def _seed_range(keys: list[str]) -> str:
     return f"{min(seeds)}-{max(seeds)}"
 
 
+def memory_points(ap: argparse.ArgumentParser, text: str | None) -> set[float] | None:
+    """`--memory`'s points (None: all), or the parser's error."""
+    if text is None:
+        return None
+    try:
+        points = {float(m) for m in text.split(",")}
+    except ValueError:
+        ap.error(f"--memory: comma-separated GB, e.g. 1,5; got {text!r}")
+    return points
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--material", choices=sorted(SEEDS), default="evaluation")
@@ -545,6 +563,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=0, help="first N seeds per generator (0: all)")
     ap.add_argument(
         "--disciplines", default=None, help="comma-separated disciplines (default: all)"
+    )
+    ap.add_argument(
+        "--memory",
+        default=None,
+        help="comma-separated GB: only these of each workload's points (default: all)",
     )
     ap.add_argument(
         "--merge",
@@ -562,13 +585,21 @@ def main() -> None:
         ap.error(
             f"--disciplines: unknown {', '.join(unknown)}; choose from {', '.join(DISCIPLINES)}"
         )
+    wanted = memory_points(ap, args.memory)
     start = time.perf_counter()
-    groups = load_material(args.material, args.limit, args.seeds)
-    if args.only:
-        groups = {w: ks for w, ks in groups.items() if w in args.only.split(",")}
-    if args.disciplines:
-        for w in groups:
-            _POINTS[w] = {d: ms for d, ms in _POINTS[w].items() if d in keep}
+    only = args.only.split(",") if args.only else None
+    known = [*REAL[args.material], *GENERATORS]
+    known += list(TUNING_GENERATORS) if args.material == "tuning" else []
+    if only is not None and (unknown := [w for w in only if w not in known]):
+        ap.error(f"--only: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    groups = load_material(args.material, args.limit, args.seeds, only)
+    for w in groups:
+        at = {d: ms for d, ms in _POINTS[w].items() if d in keep}
+        at = {d: [m for m in ms if wanted is None or m in wanted] for d, ms in at.items()}
+        _POINTS[w] = {d: ms for d, ms in at.items() if ms}
+    groups = {w: ks for w, ks in groups.items() if _POINTS[w]}
+    if not groups:
+        ap.error("--only, --disciplines, --memory: together they choose no point of the material")
     ablations = [NO_TUNING, *ABLATIONS]
     rows = args.policies.split(",") if args.policies else POLICIES + ablations
     rows = list(dict.fromkeys(POLICIES + rows))

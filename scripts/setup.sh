@@ -28,8 +28,11 @@ fi
 # pyproject.toml holds ranges; constraints.txt the exact versions the tests run with
 # (scripts/lock.py writes it). Its torch==2.13.0 takes the local CPU build on these machines.
 .venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,torch,text,replay,engine,events,dask,redis]"
-# Optional: Mooncake's CPU build. Its test skips only when the package is absent.
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[mooncake]" \
+# Optional: Mooncake's CPU build. Its test skips only when the package is absent. The
+# extra's requirements alone: `-e ".[mooncake]"` would build the package (and its compiled
+# core) a second time.
+mooncake=$(.venv/bin/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["mooncake"])')
+.venv/bin/python -m pip install -q -c constraints.txt $mooncake \
     || echo "setup.sh: optional extra mooncake not installed; tests/test_tiers_mooncake.py will skip" >&2
 
 # the wheels the differential and event tests read: vLLM 0.33.0, SGLang 0.5.23 and

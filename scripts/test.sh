@@ -5,10 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # step CMD...: runs it and says how long it took (docs/using.md: where CI's time goes)
 step() { local start=$SECONDS; "$@"; echo "test.sh: $((SECONDS - start)) s: $*" >&2; }
-export -f step
 # beside LOG CMD...: runs it in the background, its output to LOG, shown by `joined` (which
-# fails if it failed). Installs and downloads wait on one core and the network: run beside
-# set-up, lint, types and the default tier, they save about 2 minutes.
+# fails if it failed).
 sides=()
 logs=()
 beside() { local log=$1; shift; "$@" >"$log" 2>&1 & sides+=($!); logs+=("$log"); }
@@ -18,25 +16,27 @@ joined() {
         wait "${sides[$i]}" || status=$?
         cat "${logs[$i]}"
     done
+    sides=()
+    logs=()
     [ "$status" -eq 0 ] || { echo "test.sh: a step run beside failed (exit $status)" >&2; exit "$status"; }
 }
 side_dir=$(mktemp -d)
 trap 'kill "${sides[@]}" 2>/dev/null || true; rm -rf "$side_dir"' EXIT
 
-beside "$side_dir/dynamo" step bash scripts/setup-dynamo.sh  # its own venv: the interop test
 step bash scripts/setup.sh
-# every release's wheel (the slow tier; .venv's pip), then the Python 3.10 venv (after
-# set-up: both installs of the package would write src/mambaradix.egg-info)
-beside "$side_dir/after-setup" bash -c \
-    'step bash scripts/fetch-event-wheels.sh --all && step bash scripts/test-py310.sh --install-only'
+# Installs and downloads wait on one core and the network: beside lint and types, and
+# joined before the default tier (timed on idle cores), they save about 1.5 minutes.
+beside "$side_dir/dynamo" step bash scripts/setup-dynamo.sh   # its own venv: the interop test
+beside "$side_dir/wheels" step bash scripts/fetch-event-wheels.sh --all  # for the slow tier
+beside "$side_dir/py310" step bash scripts/test-py310.sh --install-only
 step .venv/bin/ruff check src tests bench
 step .venv/bin/mypy
 step .venv/bin/python scripts/lock.py --check        # constraints.txt pins what was installed
+joined
 # The compiled core (setup.py, docs/build.md) must have been built: tests/test_compiled.py
 # fails without it here instead of skipping. Python 3.10 runs the pure core.
 export MAMBARADIX_REQUIRE_COMPILED=1
-step .venv/bin/python -m pytest -n 2 "$@"            # the default tier (<= 90 s on 2 idle cores in one process)
-joined
+step .venv/bin/python -m pytest -n 2 "$@"            # the default tier (<= 90 s on 2 idle cores)
 step env MAMBARADIX_REQUIRE_COMPILED=0 MAMBARADIX_PURE=1 bash scripts/test-py310.sh --installed -n 2 "$@"  # 3.10, pure core
 # the slow tier (engine, ZMQ, Dask, long runs) on 2 processes, its items handed out one at a
 # time, the longest first (tests/conftest.py, LONGEST_FIRST)

@@ -152,3 +152,55 @@ def test_every_point_serves_requests_with_every_row(evaluate: ModuleType, materi
                     check_memory(evaluate._TRACES[key], profile, cfg, strategies)
                     checked += 1
     assert checked > 20
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--memory", "x"], "--memory: comma-separated GB, e.g. 1,5; got 'x'"),
+        (["--only", "mt-bnch"], "--only: unknown mt-bnch; choose from mooncake,"),
+        (["--disciplines", "serial"], "--disciplines: unknown serial"),
+        (
+            ["--only", "mt-bench", "--memory", "3"],  # mt-bench's points: 1, 2, 5 GB
+            "--only, --disciplines, --memory: together they choose no point of the material",
+        ),
+    ],
+)
+def test_a_bad_choice_of_points_is_one_line_before_any_run(
+    evaluate: ModuleType,
+    argv: list[str],
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    ran: list[object] = []
+    monkeypatch.setattr(evaluate, "run_all", lambda jobs, workers: ran.append(jobs) or [])
+    monkeypatch.setattr(sys, "argv", ["evaluate.py", *argv, "--out", str(tmp_path / "e")])
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main()
+    assert exit_info.value.code == 2
+    assert says in capsys.readouterr().err
+    assert ran == []
+
+
+def test_memory_keeps_only_those_points(
+    evaluate: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """mt-bench, serving, at 5 GB of its 1, 2 and 5 GB: each row's runs at that point only."""
+    seen: list[list[object]] = []
+
+    def run_all(jobs: list[object], workers: int) -> list[object]:
+        seen.append(jobs)
+        raise SystemExit(0)  # the jobs are what is checked: no replay
+
+    monkeypatch.setattr(evaluate, "run_all", run_all)
+    argv = ["--only", "mt-bench", "--disciplines", "serving", "--memory", "5"]
+    monkeypatch.setattr(sys, "argv", ["evaluate.py", *argv, "--policies", "mambaradix"])
+    with pytest.raises(SystemExit):
+        evaluate.main()
+    (jobs,) = seen
+    points = {(j.trace, j.discipline, j.memory) for j in jobs}  # type: ignore[attr-defined]
+    assert points == {("mt-bench", "serving", 5.0)}
+    # sglang, sglang-extra-buffer, vllm, marconi, the oracle's 8 alphas and ours
+    assert len(jobs) == 4 + 8 + 1

@@ -137,7 +137,7 @@ def test_lifecycle_equals_sglang(cfg: Config, shape: StreamShape, expects: tuple
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", seeds(100, ci=2, deep=4))
+@pytest.mark.parametrize("seed", seeds(100, ci=1, deep=4))
 @pytest.mark.parametrize(("cfg", "shape", "expects"), CONFIGS, ids=IDS)
 def test_lifecycle_equals_sglang_sweep(
     cfg: Config, shape: StreamShape, expects: tuple[str, ...], seed: int
