@@ -353,7 +353,7 @@ def test_deep_paths_evict_in_the_reference_order(seed: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("chain", [False, True])
 @pytest.mark.parametrize("page", [1, 2, 4])
-@pytest.mark.parametrize("seed", seeds(100, ci=12, deep=40))
+@pytest.mark.parametrize("seed", seeds(100, ci=8, deep=40))
 def test_default_mode_evicts_in_the_reference_order_long(seed: int, page: int, chain: bool) -> None:
     run(seed, page, steps=1500, chain=chain)
 

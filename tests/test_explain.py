@@ -246,7 +246,7 @@ def test_categories_add_up_for_the_oracle() -> None:
 @pytest.mark.slow
 def test_categories_add_up_on_bundled_traces_paged_and_instanced() -> None:
     trace = load("synthetic-multi-turn")
-    for memory in (1.0, 5.0):
+    for memory in (1.0, 5.0) if DEEP else (1.0,):  # CI: the tight one (tests/budget.py)
         c = ServingConfig(memory, page_size=16)
         hits = replay(trace, PROFILE, "sglang-extra-buffer", c, per_request=True)["request_hits"]
         check_exact(explain(trace, PROFILE, "sglang-extra-buffer", c), trace, hits)
