@@ -25,7 +25,7 @@ trap 'kill "${sides[@]}" 2>/dev/null || true; rm -rf "$side_dir"' EXIT
 
 step bash scripts/setup.sh
 # Installs and downloads wait on one core and the network: beside lint and types, and
-# joined before the default tier (timed on idle cores), they save about 1.5 minutes.
+# joined before the default tier (timed on idle cores), they save about a minute.
 beside "$side_dir/dynamo" step bash scripts/setup-dynamo.sh   # its own venv: the interop test
 beside "$side_dir/wheels" step bash scripts/fetch-event-wheels.sh --all  # for the slow tier
 beside "$side_dir/py310" step bash scripts/test-py310.sh --install-only

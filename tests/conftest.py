@@ -52,7 +52,7 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 collect_ignore = [] if HAS_TORCH else NEEDS_TORCH
 
 
-# The slow tier's longest items (each 10-80 s on CI, `--durations=0`), longest first: started
+# The slow tier's longest items (each 14-45 s on CI, `--durations=20`), longest first: started
 # first, they never leave one worker running a long item alone at the end. Matched by the
 # start of the node id; everything else keeps its collection order, after them. Only the
 # order changes: scripts/test.sh hands the items out one at a time (`--maxschedchunk 1`).
