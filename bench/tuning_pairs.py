@@ -1,10 +1,10 @@
 """Paired rows on the tuning material only: one generator of `bench/evaluate.py`'s tuning
-material at its seeds (100-104), one discipline, some memories; per row the mean token hit
-rate over the seeds and, against the first row, the mean and sample sd of the per-seed
-differences. `chitchat-heldout` (conversations 300-599, one trace) is paired per fold of
-its sessions, as `evaluate.py` pairs a real trace; its mean is the whole trace's rate. For a
-candidate change without its ablation row's full evaluation protocol; never on the
-evaluation's seeds or traces.
+material at its seeds (100-104, or the first `--seeds`), one discipline, some memories; per
+row the mean token hit rate over the seeds and, against the first row, the mean and sample
+sd of the per-seed differences. `chitchat-heldout` (conversations 300-599, one trace) is
+paired per fold of its sessions, as `evaluate.py` pairs a real trace; its mean is the whole
+trace's rate. For a candidate change without its ablation row's full evaluation protocol;
+never on the evaluation's seeds or traces.
 
     .venv/bin/python bench/tuning_pairs.py --generator synthetic-agent \\
         --discipline sequential --memory 0.4,0.5 --rows mambaradix/without-room,mambaradix
@@ -62,11 +62,21 @@ def main() -> None:
     ap.add_argument("--rows", required=True, help="policies or ablations; the first is the base")
     ap.add_argument("--host-gb", type=float, default=0.0, help="a host tier at every memory")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help=f"only the first N tuning seeds (2 to {len(SEEDS['tuning'])}; default all)",
+    )
     args = ap.parse_args()
     memories = [float(m) for m in args.memory.split(",")]
     rows = args.rows.split(",")
     heldout = args.generator == HELDOUT
-    seeds = [0] if heldout else SEEDS["tuning"]
+    seeds = [0] if heldout else SEEDS["tuning"][: args.seeds]
+    if args.seeds is not None and heldout:
+        ap.error(f"--seeds: {HELDOUT} is one trace, paired by folds; leave --seeds out")
+    if args.seeds is not None and not 2 <= args.seeds <= len(SEEDS["tuning"]):
+        ap.error(f"--seeds must be 2 to {len(SEEDS['tuning'])} (a sd needs two), got {args.seeds}")
     parts = [-1 - f for f in range(FOLDS)] if heldout else seeds
     point = (args.generator, args.discipline)
     jobs = [(*point, s, m, r, args.host_gb) for m in memories for r in rows for s in seeds]

@@ -25,14 +25,30 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+# requirements EXTRA...: what pyproject.toml asks for, with those extras (its ranges), one
+# per line (read into an array: `dask[distributed]` must not meet the shell's globbing)
+requirements() {
+    .venv/bin/python -c 'import sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+print(*project["dependencies"], *(r for e in sys.argv[1:] for r in extras[e]), sep="\n")' "$@"
+}
+# The package itself (its compiled core: half a minute of one core) is built while pip
+# installs its requirements (one core too): each pip process writes files of its own.
 # pyproject.toml holds ranges; constraints.txt the exact versions the tests run with
 # (scripts/lock.py writes it). Its torch==2.13.0 takes the local CPU build on these machines.
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,torch,text,replay,engine,events,dask,redis]"
-# Optional: Mooncake's CPU build. Its test skips only when the package is absent. The
-# extra's requirements alone: `-e ".[mooncake]"` would build the package (and its compiled
-# core) a second time.
-mooncake=$(.venv/bin/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["mooncake"])')
-.venv/bin/python -m pip install -q -c constraints.txt $mooncake \
+build_log=$(mktemp)
+.venv/bin/python -m pip install -q --no-deps -e . >"$build_log" 2>&1 &
+build=$!
+mapfile -t needed < <(requirements dev torch text replay engine events dask redis)
+.venv/bin/python -m pip install -q -c constraints.txt "${needed[@]}" \
+    || { kill "$build" 2>/dev/null; wait "$build" || true; exit 1; }
+wait "$build" || { cat "$build_log" >&2; echo "setup.sh: installing the package failed" >&2; exit 1; }
+cat "$build_log"
+rm -f "$build_log"
+# Optional: Mooncake's CPU build. Its test skips only when the package is absent.
+mapfile -t needed < <(requirements mooncake)
+.venv/bin/python -m pip install -q -c constraints.txt "${needed[@]}" \
     || echo "setup.sh: optional extra mooncake not installed; tests/test_tiers_mooncake.py will skip" >&2
 
 # the wheels the differential and event tests read: vLLM 0.33.0, SGLang 0.5.23 and

@@ -52,29 +52,31 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 collect_ignore = [] if HAS_TORCH else NEEDS_TORCH
 
 
-# The slow tier's longest items (each 14-45 s on CI, `--durations=20`), longest first: started
+# The slow tier's longest items (each 9-40 s, `--durations=0`), longest first: started
 # first, they never leave one worker running a long item alone at the end. Matched by the
 # start of the node id; everything else keeps its collection order, after them. Only the
 # order changes: scripts/test.sh hands the items out one at a time (`--maxschedchunk 1`).
 LONGEST_FIRST = (
-    "test_readme.py::test_readme_command[.venv/bin/python bench/evaluate.py",
-    "test_explain.py::test_categories_add_up_on_bundled_traces_paged_and_instanced",
-    "test_readme.py::test_readme_command[.venv/bin/python bench/tuning_pairs.py --generator "
-    "synthetic-agent --discipline serving --",  # ids stop at 90 characters
     "test_vllm_differential.py::test_interval_retention_over_10000_requests",
     "test_vllm_differential.py::test_defaults_match_vllm_over_10000_requests",
-    "test_lifecycle_differential.py::test_lifecycle_equals_sglang_sweep",
+    "test_readme.py::test_readme_command[.venv/bin/python bench/evaluate.py",
+    "test_explain.py::test_categories_add_up_on_bundled_traces_paged_and_instanced",
     "test_compiled.py::test_compiled_and_pure_decide_alike_long",
+    "test_cluster.py::test_one_instance_reproduces",
     "test_tiers_mooncake.py::",
+    "test_lifecycle_differential.py::test_lifecycle_equals_sglang_sweep",
+    "test_readme.py::test_readme_command[.venv/bin/python bench/tuning_pairs.py --generator "
+    "synthetic-agent --discipline serving --",  # ids stop at 90 characters
+    "test_tiers_crash.py::test_killed_writer_many_times",
     "test_readme.py::test_readme_command[.venv/bin/mambaradix plan",
     "test_readme.py::test_readme_command[.venv/bin/python bench/bench_plan.py",
-    "test_readme.py::test_readme_command[.venv/bin/python bench/replay_table.py",
-    "test_cluster.py::test_one_instance_reproduces",
-    "test_tiers_crash.py::test_killed_writer_many_times",
-    "test_explain.py::test_categories_add_up_on_bundled_traces",
-    "test_lifecycle_differential_sglang_0523.py::test_lifecycle_equals_sglang_0523_sweep",
-    "test_residency_stateful.py::",
     "test_differential_sglang_0523.py::test_same_decisions_as_sglang_0523_long",
+    "test_lifecycle_differential_sglang_0523.py::test_lifecycle_equals_sglang_0523_sweep",
+    "test_explain.py::test_categories_add_up_on_bundled_traces",
+    "test_evaluate_progress.py::test_every_point_serves_requests_with_every_row",
+    "test_residency_stateful.py::",
+    "test_tiers_stateful.py::",
+    "test_tiers_redis.py::test_killed_writer_many_times",
     "test_tree_stateful.py::",
     "test_explain_tiers.py::test_categories_add_up_on_a_bundled_trace_with_tiers",
     "test_lifecycle_differential.py::test_lifecycle_equals_sglang",
