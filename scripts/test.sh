@@ -44,7 +44,7 @@ joined
 # The compiled core (setup.py, docs/build.md) must have been built: tests/test_compiled.py
 # fails without it here instead of skipping. Python 3.10 runs the pure core.
 export MAMBARADIX_REQUIRE_COMPILED=1
-step .venv/bin/python -m pytest -n 2 "$@"            # the default tier (<= 90 s on 2 idle cores)
+step .venv/bin/python -m pytest -n 2 --durations=10 "$@"  # the default tier (<= 90 s on 2 idle cores)
 step env MAMBARADIX_REQUIRE_COMPILED=0 MAMBARADIX_PURE=1 bash scripts/test-py310.sh --installed -n 2 "$@"  # 3.10, pure core
 # the slow tier (engine, ZMQ, Dask, long runs) on 2 processes, its items handed out one at a
 # time, the longest first (tests/conftest.py, LONGEST_FIRST)
