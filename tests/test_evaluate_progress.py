@@ -3,7 +3,6 @@ Ctrl-C, SIGTERM or SIGHUP."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import signal
 import sys
@@ -12,6 +11,7 @@ from types import ModuleType
 
 import pytest
 
+from bench_scripts import load_bench
 from mambaradix.cli.signals import Terminated
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "evaluate.py"
@@ -19,12 +19,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "evaluate.py"
 
 @pytest.fixture(scope="module")
 def evaluate() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("evaluate", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["evaluate"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("evaluate")
 
 
 LINE = re.compile(r"^  (\d+)/(\d+) runs, \d+ s, about \d+ s left$")

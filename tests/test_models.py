@@ -310,16 +310,10 @@ def test_profiles_are_frozen() -> None:
 
 
 def test_readme_model_table_is_what_bench_prints(capsys: pytest.CaptureFixture[str]) -> None:
-    import importlib.util
+    from bench_scripts import load_bench
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location(
-        "model_profiles", root / "bench/model_profiles.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main()
+    load_bench("model_profiles").main()
     rows = capsys.readouterr().out.strip().splitlines()
     assert len(rows) == 6
     pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]

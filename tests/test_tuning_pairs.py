@@ -3,7 +3,6 @@ with two in the test suite), and refuses what it cannot mean."""
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from types import ModuleType
 
 import pytest
 
+from bench_scripts import load_bench
 from mambaradix.geometry.profile import get_profile
 from mambaradix.replay.run import replay
 from mambaradix.replay.serving import ServingConfig
@@ -23,11 +23,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "tuning_pairs.py"
 
 @pytest.fixture(scope="module")
 def tuning_pairs() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tuning_pairs", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("tuning_pairs")
 
 
 @pytest.mark.parametrize(
