@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+BUILD = "src/mambaradix/_build.py"  # names what the build compiles, and tags its source
 INPUTS = (
     "pyproject.toml",
     "constraints.txt",
@@ -21,12 +22,13 @@ INPUTS = (
     "scripts/setup.sh",
     "scripts/setup_fingerprint.py",
     "scripts/fetch-event-wheels.sh",
-    "src/mambaradix/_build.py",
+    BUILD,
 )
 
 
 def fingerprint(root: Path) -> str:
-    spec = importlib.util.spec_from_file_location("_setup_build", root / INPUTS[-1])
+    # by path, as setup.py loads it: importing the package would need its dependencies
+    spec = importlib.util.spec_from_file_location("_setup_build", root / BUILD)
     assert spec is not None and spec.loader is not None
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
