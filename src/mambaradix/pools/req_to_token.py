@@ -43,7 +43,7 @@ class ReqToTokenTable:
         # The table's buffer as one flat run of int64 (row r at r * max_context): a slice of
         # it is read and written by memcpy, 5x faster than numpy's indexing for the short
         # spans the lifecycle moves (docs/benchmarks.md, "The main job").
-        self._flat = memoryview(self._table).cast("B").cast("q")
+        self._flat = self._table.data.cast("B").cast("q")
 
     @property
     def capacity(self) -> int:
