@@ -1,7 +1,8 @@
 """The compiled build and its pure-Python reference (mambaradix/_build.py, docs/build.md).
 
 The compiled build must decide exactly as the pure one: tests/core_builds.py drives both
-cores through one seeded sequence, comparing every result, error, node id and tree, and
+cores through one seeded sequence, comparing every result, error, node id and tree,
+tests/pool_builds.py does the same for the pools' free list and KV owner map, and
 tests/serving_builds.py runs the main job's cells (every default policy, the first
 requests of the Mooncake trace) on each build, whose results must be equal. When the
 compiled build is absent those tests skip, unless MAMBARADIX_REQUIRE_COMPILED=1 (as
@@ -96,7 +97,7 @@ def test_a_build_from_other_source_is_not_loaded(tmp_path: Path) -> None:
         parts = name.split(".")[1:]  # mambaradix.pools.kv -> pools__kv_<digest>
         source = SRC.joinpath("mambaradix", *parts).with_suffix(".py")
         hashed = hashlib.sha256(source.read_bytes())
-        for pxd in sorted(source.parent.glob("*.pxd"), key=pxd_order):  # every .pxd too
+        for pxd in compiled_pxds():  # every .pxd too, in COMPILED's order
             hashed.update(b"\0" + pxd.name.encode() + b"\0" + pxd.read_bytes())
         digest = hashed.hexdigest()[:16]
         (tmp_path / f"{'__'.join(parts)}_{digest}{suffix}").write_bytes(b"")
@@ -113,17 +114,22 @@ def test_a_build_from_other_source_is_not_loaded(tmp_path: Path) -> None:
 
 
 def test_the_compiled_only_paths_run_in_the_compiled_build_only() -> None:
-    """keys.py and tree.py take their in-place paths (memcmp, one allocation) exactly when
+    """keys.py, tree.py and the pools' _freelist.py and ownership.py take their in-place paths
+    (memcmp, one allocation, C loops over buffers) exactly when
     compiled: the guarded `import cython` must neither fail there nor succeed in pure Python."""
     from mambaradix.core import keys, tree
+    from mambaradix.pools import _freelist, ownership
 
     compiled = mambaradix.BUILD == "compiled"
     assert keys.COMPILED is compiled and tree.COMPILED is compiled
+    assert _freelist.COMPILED is compiled and ownership.COMPILED is compiled
 
 
-def pxd_order(pxd: Path) -> int:
-    """A core `.pxd`'s place in `_build.COMPILED` (the order its tag hashes them in)."""
-    return _build.COMPILED.index(f"mambaradix.core.{pxd.stem}")
+def compiled_pxds() -> list[Path]:
+    """The `.pxd` beside each module of `_build.COMPILED`, in its order (the order a tag
+    hashes them in), found here from the module names."""
+    beside = (SRC.joinpath(*name.split(".")).with_suffix(".pxd") for name in _build.COMPILED)
+    return [pxd for pxd in beside if pxd.is_file()]
 
 
 def test_an_edited_pxd_makes_every_module_stale(
@@ -132,16 +138,19 @@ def test_an_edited_pxd_makes_every_module_stale(
     """A `.pxd` gives C types to its module and to the modules that cimport it: editing one
     must make the whole build stale, as editing a `.py` does (its own file)."""
     pxds = _build.declarations()
-    assert {p.stem for p in pxds} >= {"node", "lru", "tree"}  # the typed build
+    assert pxds == compiled_pxds()
+    assert {p.stem for p in pxds} >= {"node", "lru", "tree", "_freelist", "ownership"}
     copy = tmp_path / "mambaradix"
-    shutil.copytree(SRC / "mambaradix" / "core", copy / "core")
+    for folder in ("core", "pools"):
+        shutil.copytree(SRC / "mambaradix" / folder, copy / folder)
     today = {name: _build.compiled_stem(name) for name in _build.COMPILED}
     monkeypatch.setattr(_build, "PACKAGE", copy)
     assert {name: _build.compiled_stem(name) for name in _build.COMPILED} == today
-    edited = copy / "core" / "lru.pxd"
-    edited.write_text(edited.read_text() + "\n# edited\n")
-    after = {name: _build.compiled_stem(name) for name in _build.COMPILED}
-    assert all(after[name] != today[name] for name in _build.COMPILED)
+    for edited in (copy / "core" / "lru.pxd", copy / "pools" / "ownership.pxd"):
+        before = {name: _build.compiled_stem(name) for name in _build.COMPILED}
+        edited.write_text(edited.read_text() + "\n# edited\n")
+        after = {name: _build.compiled_stem(name) for name in _build.COMPILED}
+        assert all(after[name] != before[name] for name in _build.COMPILED)
     source = copy / "core" / "keys.py"
     source.write_text(source.read_text() + "\n# edited\n")
     again = {name: _build.compiled_stem(name) for name in _build.COMPILED}
@@ -170,6 +179,13 @@ def test_compiled_and_pure_decide_alike() -> None:
     out = run_python([str(TESTS / "core_builds.py"), "2", "300"])
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("same:") == 12  # 3 modes x 2 page sizes x 2 seeds
+
+
+def test_compiled_and_pure_pools_alike() -> None:
+    require_compiled()
+    out = run_python([str(TESTS / "pool_builds.py"), "3", "600"])  # about a second
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("same:") == 6  # 3 seeds x (token, paged)
 
 
 def serve_on_both(requests: int, memories: str) -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from mambaradix import _build
+
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = (
     "pyproject.toml",
@@ -32,11 +34,12 @@ def repo(tmp_path: Path) -> Path:
     for name in COPIED:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
-    shutil.copytree(
-        ROOT / "src/mambaradix/core",
-        tmp_path / "src/mambaradix/core",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    for folder in {Path("src", *name.split(".")[:-1]) for name in _build.COMPILED}:
+        shutil.copytree(  # the compiled modules' folders (core, pools): their tags
+            ROOT / folder,
+            tmp_path / folder,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
     stubs = {"scripts/fetch-event-wheels.sh": "wheels", ".venv/bin/python": "python"}
     stubs["bin/apt-get"] = "apt"  # were a system package missing here
     for path, name in stubs.items():
@@ -78,6 +81,7 @@ def test_a_second_set_up_installs_nothing(repo: Path) -> None:
         "pyproject.toml",
         "src/mambaradix/core/tree.py",
         "src/mambaradix/core/tree.pxd",
+        "src/mambaradix/pools/ownership.py",
         "scripts/setup.sh",
     ],
 )

@@ -38,7 +38,7 @@ PURE_ENV = "MAMBARADIX_PURE"
 # it is, ran no faster (docs/build.md, "The serving path").
 COMPILED = tuple(
     f"mambaradix.core.{name}" for name in ("keys", "node", "lru", "ownership", "unified", "tree")
-)
+) + ("mambaradix.pools._freelist", "mambaradix.pools.ownership")
 PACKAGE = Path(__file__).resolve().parent
 OUT = PACKAGE / "_compiled"
 

@@ -35,6 +35,13 @@ import numpy.typing as npt
 
 from mambaradix.pools._checks import VECTOR_MIN
 
+try:  # Cython's pure-Python mode (_freelist.pxd); the pure module needs no Cython at all
+    import cython  # type: ignore[import-not-found, unused-ignore]
+except ImportError:
+    COMPILED = False
+else:
+    COMPILED = bool(cython.compiled)  # True only in the compiled build
+
 
 def _reversed(ids: array[int]) -> array[int]:
     """`ids` reversed: in place when short, as a new array through numpy when
@@ -110,11 +117,12 @@ class FreeStack:
             return
         if not ids:
             return
-        if len(ids) < VECTOR_MIN:
-            self._check_free_short(ids, what)
-        else:
+        if len(ids) >= VECTOR_MIN:
             self._check_free_long(ids, what)
-        self._set_flags(ids, 1)
+            self._set_flags(ids, 1)
+        elif not (COMPILED and _flag_freed_in_place(self._flags, ids, self._size)):
+            self._check_free_short(ids, what)
+            self._set_flags(ids, 1)
         # Reversed, so that the next alloc returns them in the order given.
         self._stack.extend(_reversed(ids))
 
@@ -142,6 +150,8 @@ class FreeStack:
         """flags[i] = value for every i in ids (valid, checked). Mutates flags."""
         if len(ids) == 1:  # a state slot, a row, a decode step's index
             self._flags[ids[0]] = value
+        elif COMPILED and len(ids) < VECTOR_MIN and _set_in_place(self._flags, ids, value):
+            pass
         elif len(ids) < VECTOR_MIN:
             # A zero-length deque drains the map in C: no bytecode per id.
             deque(map(self._flags.__setitem__, ids, repeat(value, len(ids))), maxlen=0)
@@ -205,3 +215,44 @@ class FreeStack:
 
     def _raise_repeated(self, i: int, what: str) -> NoReturn:
         raise ValueError(f"{what}: {self._noun} {i} appears more than once")
+
+
+# The compiled build's loops (_freelist.pxd types the buffers as C pointers): one pass over
+# a short batch in C, where the pure build makes several C-level passes through `map`
+# (docs/build.md, "The pools"). Called only when COMPILED.
+
+
+def _flag_freed_in_place(flags: bytearray, ids: array[int], size: int) -> bool:
+    """Flag every id of `ids` free (1) when each is in [0, size), flagged 0 (held) and given
+    once; otherwise change nothing and return False (the caller's checks then say why).
+    A repeated id finds the 1 its first occurrence wrote."""
+    if ids.typecode != "q":
+        return False
+    fp, ip, n = flags, ids.data.as_longlongs, len(ids)  # type: ignore[attr-defined]
+    k = 0
+    while k < n:
+        i = ip[k]
+        if i < 0 or i >= size or fp[i] != 0:
+            break
+        fp[i] = 1
+        k += 1
+    if k == n:
+        return True
+    while k > 0:  # undo: every id flagged here was 0
+        k -= 1
+        fp[ip[k]] = 0
+    return False
+
+
+def _set_in_place(flags: bytearray, ids: array[int], value: int) -> bool:
+    """flags[i] = value for every i of `ids`; False, changing nothing, if one is out of
+    range (never, from the stack's callers: a guard, not a check)."""
+    if ids.typecode != "q":
+        return False
+    fp, ip, n, size = flags, ids.data.as_longlongs, len(ids), len(flags)  # type: ignore[attr-defined]
+    for k in range(n):
+        if ip[k] < 0 or ip[k] >= size:
+            return False
+    for k in range(n):
+        fp[ip[k]] = value
+    return True

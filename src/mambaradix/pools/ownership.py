@@ -26,6 +26,13 @@ import numpy as np
 
 from mambaradix.pools._checks import VECTOR_MIN
 
+try:  # Cython's pure-Python mode (ownership.pxd); the pure module needs no Cython at all
+    import cython  # type: ignore[import-not-found, unused-ignore]
+except ImportError:
+    COMPILED = False
+else:
+    COMPILED = bool(cython.compiled)  # True only in the compiled build
+
 FREE, REQUEST, TREE = 1, 0, 2
 _TREE_BYTE = bytes((TREE,))
 
@@ -85,6 +92,8 @@ class SlotOwners:
         if n <= 0:
             return True
         if n < VECTOR_MIN:
+            if COMPILED and 0 <= start <= keep and values.typecode == "q":
+                return _claim_in_place(self.owners, values, start, keep)
             return self._claim_short(values, start, keep)
         return self._claim_long(values, start, keep)
 
@@ -129,6 +138,8 @@ class SlotOwners:
         if len(values) == 1:
             self.owners[values[0]] = REQUEST
             return
+        if COMPILED and len(values) < VECTOR_MIN and _release_in_place(self.owners, values):
+            return
         if len(values) < VECTOR_MIN:
             owners = self.owners
             deque(map(owners.__setitem__, values, repeat(REQUEST, len(values))), maxlen=0)
@@ -157,6 +168,48 @@ class SlotOwners:
     def first_tree_held(self, lo: int, hi: int) -> int:
         """The first slot in [lo, hi) the tree holds, or -1."""
         return self.owners.find(_TREE_BYTE, lo, hi)
+
+
+# The compiled build's loops (ownership.pxd types the buffers as C pointers): one pass over
+# a short batch in C, where the pure build makes several C-level passes through `map`
+# (docs/build.md, "The pools"). Called only when COMPILED.
+
+_SEEN = 3  # a claim's mark on an index it has checked (a second occurrence is a repeat)
+
+
+def _claim_in_place(owners: bytearray, values: array[int], start: int, keep: int) -> bool:
+    """`SlotOwners._claim_short` for start <= keep, in one pass: every index of
+    values[start:] in range, REQUEST and given once, else False and nothing changed."""
+    op, vp, n, size = owners, values.data.as_longlongs, len(values), len(owners)  # type: ignore[attr-defined]
+    request, tree, seen = REQUEST, TREE, _SEEN  # C constants in the loops (ownership.pxd)
+    k = start
+    while k < n:
+        i = vp[k]
+        if i < 0 or i >= size or op[i] != request:
+            break
+        op[i] = seen
+        k += 1
+    ok = k == n
+    j = start
+    while j < k:  # every index marked here was REQUEST
+        op[vp[j]] = tree if ok and j >= keep else request
+        j += 1
+    return ok
+
+
+def _release_in_place(owners: bytearray, values: array[int]) -> bool:
+    """owners[i] = REQUEST for every i of `values`; False, changing nothing, if one is out
+    of range or `values` is not int64 (the pure path then does what it does)."""
+    if values.typecode != "q":
+        return False
+    op, vp, n, size = owners, values.data.as_longlongs, len(values), len(owners)  # type: ignore[attr-defined]
+    for k in range(n):
+        if vp[k] < 0 or vp[k] >= size:
+            return False
+    request = REQUEST
+    for k in range(n):
+        op[vp[k]] = request
+    return True
 
 
 __all__ = ["FREE", "REQUEST", "TREE", "SlotOwners", "is_run"]
