@@ -1,8 +1,8 @@
 """The optional compiled build (docs/build.md); everything else is in pyproject.toml.
 
-Cython compiles the hot modules (`mambaradix._build.COMPILED`, today the core's), typed by
-the `.pxd` beside a module where there is one (pure-Python mode), each into
-`mambaradix/_compiled/<stem>_<source tag>` (`_build.compiled_stem`).
+Cython compiles the hot modules (`mambaradix._build.COMPILED`: the core's, the pools' free
+list and owner map), typed by the `.pxd` beside a module where there is one (pure-Python
+mode), each into `mambaradix/_compiled/<stem>_<source tag>` (`_build.compiled_stem`).
 Optional: without Cython, without a C compiler, or with MAMBARADIX_NO_COMPILE=1, the
 install succeeds with the pure-Python modules, and `mambaradix.BUILD` says "pure".
 """

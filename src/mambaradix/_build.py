@@ -1,7 +1,7 @@
 """Which build runs: the compiled one (Cython) or the pure-Python one.
 
 The compiled build (docs/build.md) is the hot modules (`COMPILED`, full module names:
-today the core's) compiled by Cython, typed by the `.pxd` beside a module where there is
+today the core's, and the pools' free list and KV owner map) compiled by Cython, typed by the `.pxd` beside a module where there is
 one (pure-Python mode), each into
 `mambaradix/_compiled/<stem>_<tag>.<ext suffix>`, where `<stem>` is the module's path in
 the package (`core__tree`: dots as `__`) and `<tag>` is the SHA-256
@@ -33,9 +33,10 @@ from pathlib import Path
 from types import ModuleType
 
 PURE_ENV = "MAMBARADIX_PURE"
-# Full module names: any module of the package may be listed. The core's hot modules, and
-# only those: the replay's serving path (pools, scheduler, lifecycle, policies), compiled as
-# it is, ran no faster (docs/build.md, "The serving path").
+# Full module names: any module of the package may be listed. The core's hot modules and the
+# pools' two array-bound ones, typed by their .pxd files; the rest of the replay's serving
+# path (scheduler, lifecycle, policies), compiled as it is, ran no faster (docs/build.md,
+# "The serving path").
 COMPILED = tuple(
     f"mambaradix.core.{name}" for name in ("keys", "node", "lru", "ownership", "unified", "tree")
 ) + ("mambaradix.pools._freelist", "mambaradix.pools.ownership")
