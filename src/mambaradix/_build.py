@@ -1,8 +1,8 @@
 """Which build runs: the compiled one (Cython) or the pure-Python one.
 
 The compiled build (docs/build.md) is the hot modules (`COMPILED`, full module names:
-today the core's, and the pools' free list and KV owner map) compiled by Cython, typed by the `.pxd` beside a module where there is
-one (pure-Python mode), each into
+today the core's, and the pools' free list and KV owner map) compiled by Cython, typed by
+the `.pxd` beside a module where there is one (pure-Python mode), each into
 `mambaradix/_compiled/<stem>_<tag>.<ext suffix>`, where `<stem>` is the module's path in
 the package (`core__tree`: dots as `__`) and `<tag>` is the SHA-256
 (first 16 hex digits) of the `.py` it was compiled from and of the `.pxd` files.
