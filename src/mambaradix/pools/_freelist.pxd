@@ -22,4 +22,4 @@ cpdef bint _flag_freed_in_place(bytearray flags, array.array ids, Py_ssize_t siz
 
 @cython.locals(fp=cython.p_char, ip=cython.p_longlong, n=Py_ssize_t, k=Py_ssize_t,
                size=Py_ssize_t)
-cpdef bint _set_in_place(bytearray flags, array.array ids, char value) except -1
+cpdef bint set_in_place(bytearray flags, array.array ids, char value) except -1

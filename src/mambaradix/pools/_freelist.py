@@ -150,7 +150,7 @@ class FreeStack:
         """flags[i] = value for every i in ids (valid, checked). Mutates flags."""
         if len(ids) == 1:  # a state slot, a row, a decode step's index
             self._flags[ids[0]] = value
-        elif COMPILED and len(ids) < VECTOR_MIN and _set_in_place(self._flags, ids, value):
+        elif COMPILED and len(ids) < VECTOR_MIN and set_in_place(self._flags, ids, value):
             pass
         elif len(ids) < VECTOR_MIN:
             # A zero-length deque drains the map in C: no bytecode per id.
@@ -244,9 +244,11 @@ def _flag_freed_in_place(flags: bytearray, ids: array[int], size: int) -> bool:
     return False
 
 
-def _set_in_place(flags: bytearray, ids: array[int], value: int) -> bool:
+def set_in_place(flags: bytearray, ids: array[int], value: int) -> bool:
     """flags[i] = value for every i of `ids`; False, changing nothing, if one is out of
-    range (never, from the stack's callers: a guard, not a check)."""
+    range or `ids` is not int64 (then the caller's pure path does what it does; from the
+    stack's own callers, never: a guard, not a check). Also the owner map's release
+    (ownership.py)."""
     if ids.typecode != "q":
         return False
     fp, ip, n, size = flags, ids.data.as_longlongs, len(ids), len(flags)  # type: ignore[attr-defined]

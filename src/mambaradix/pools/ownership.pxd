@@ -18,6 +18,3 @@ cdef class SlotOwners:
 cpdef bint _claim_in_place(bytearray owners, array.array values, Py_ssize_t start,
                            Py_ssize_t keep) except -1
 
-@cython.locals(op=cython.p_char, vp=cython.p_longlong, n=Py_ssize_t, size=Py_ssize_t,
-               k=Py_ssize_t, request=cython.char)
-cpdef bint _release_in_place(bytearray owners, array.array values) except -1

@@ -25,6 +25,7 @@ from itertools import repeat
 import numpy as np
 
 from mambaradix.pools._checks import VECTOR_MIN
+from mambaradix.pools._freelist import set_in_place
 
 try:  # Cython's pure-Python mode (ownership.pxd); the pure module needs no Cython at all
     import cython  # type: ignore[import-not-found, unused-ignore]
@@ -138,7 +139,7 @@ class SlotOwners:
         if len(values) == 1:
             self.owners[values[0]] = REQUEST
             return
-        if COMPILED and len(values) < VECTOR_MIN and _release_in_place(self.owners, values):
+        if COMPILED and len(values) < VECTOR_MIN and set_in_place(self.owners, values, REQUEST):
             return
         if len(values) < VECTOR_MIN:
             owners = self.owners
@@ -195,21 +196,6 @@ def _claim_in_place(owners: bytearray, values: array[int], start: int, keep: int
         op[vp[j]] = tree if ok and j >= keep else request
         j += 1
     return ok
-
-
-def _release_in_place(owners: bytearray, values: array[int]) -> bool:
-    """owners[i] = REQUEST for every i of `values`; False, changing nothing, if one is out
-    of range or `values` is not int64 (the pure path then does what it does)."""
-    if values.typecode != "q":
-        return False
-    op, vp, n, size = owners, values.data.as_longlongs, len(values), len(owners)  # type: ignore[attr-defined]
-    for k in range(n):
-        if vp[k] < 0 or vp[k] >= size:
-            return False
-    request = REQUEST
-    for k in range(n):
-        op[vp[k]] = request
-    return True
 
 
 __all__ = ["FREE", "REQUEST", "TREE", "SlotOwners", "is_run"]
