@@ -83,8 +83,9 @@ class Inside:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        try:
-            from mambaradix.pools.ownership import SlotOwners as cls
+        try:  # the allocators' claim and release, which the tree calls (the owner map
+            # under them, `SlotOwners`, is an extension type in the compiled build)
+            from mambaradix.pools.kv import _OwnerMethods as cls
         except ImportError:  # before issue 19
             from mambaradix.core.held import HeldKV as cls  # type: ignore[import-not-found,no-redef]
         saved = {name: getattr(cls, name) for name in ("claim", "release")}
