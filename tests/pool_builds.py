@@ -95,6 +95,14 @@ class Ops:
         return array("q", out)
 
     def next(self, pool: Any) -> tuple[str, tuple[Any, ...]]:
+        """An operation; now and then the tree's indices as a list, which the owner's
+        `claim` and `release` take as the pure build does (the compiled loops read arrays)."""
+        method, args = self._next(pool)
+        if method in ("claim", "release") and self.rng.random() < 0.1:
+            args = (args[0].tolist(), *args[1:])
+        return method, args
+
+    def _next(self, pool: Any) -> tuple[str, tuple[Any, ...]]:
         rng = self.rng
         kind = rng.choice(["alloc", "alloc", "free", "claim", "claim", "release"])
         most = VECTOR_MIN + 8 if rng.random() < 0.1 else 12

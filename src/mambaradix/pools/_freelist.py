@@ -219,7 +219,7 @@ class FreeStack:
 
 # The compiled build's loops (_freelist.pxd types the buffers as C pointers): one pass over
 # a short batch in C, where the pure build makes several C-level passes through `map`
-# (docs/build.md, "The pools"). Called only when COMPILED.
+# (docs/build.md, "The pools: free list and owner map"). Called only when COMPILED.
 
 
 def _flag_freed_in_place(flags: bytearray, ids: array[int], size: int) -> bool:

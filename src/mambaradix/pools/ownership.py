@@ -93,7 +93,7 @@ class SlotOwners:
         if n <= 0:
             return True
         if n < VECTOR_MIN:
-            if COMPILED and 0 <= start <= keep and values.typecode == "q":
+            if COMPILED and 0 <= start <= keep and type(values) is array and values.typecode == "q":
                 return _claim_in_place(self.owners, values, start, keep)
             return self._claim_short(values, start, keep)
         return self._claim_long(values, start, keep)
@@ -139,9 +139,11 @@ class SlotOwners:
         if len(values) == 1:
             self.owners[values[0]] = REQUEST
             return
-        if COMPILED and len(values) < VECTOR_MIN and set_in_place(self.owners, values, REQUEST):
+        short = len(values) < VECTOR_MIN
+        compiled_loop = COMPILED and short and type(values) is array
+        if compiled_loop and set_in_place(self.owners, values, REQUEST):
             return
-        if len(values) < VECTOR_MIN:
+        if short:
             owners = self.owners
             deque(map(owners.__setitem__, values, repeat(REQUEST, len(values))), maxlen=0)
             return
@@ -173,7 +175,7 @@ class SlotOwners:
 
 # The compiled build's loops (ownership.pxd types the buffers as C pointers): one pass over
 # a short batch in C, where the pure build makes several C-level passes through `map`
-# (docs/build.md, "The pools"). Called only when COMPILED.
+# (docs/build.md, "The pools: free list and owner map"). Called only when COMPILED.
 
 _SEEN = 3  # a claim's mark on an index it has checked (a second occurrence is a repeat)
 
